@@ -1,0 +1,138 @@
+"""Latency of one tool call through MCPBridge versus bare fastmcp, and bridge start/stop times.
+
+Run: ``python benchmarks/bridge_bench.py [--calls 1000] [--cycles 20]``
+
+Prints p50/p95 of one ``echo`` call through (a) MCPBridge (bearer token, Host/Origin
+guard, timeout wrapper), (b) a bare fastmcp streamable-HTTP app of the same tool
+under uvicorn (no auth), (c) fastmcp's in-memory ``Client(server)``; the ratios; and
+the bridge's start and stop times. Target: bridge p50 within 1.2x of bare HTTP.
+Calls are interleaved in rounds so machine noise hits all three alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gym_harness.bridge import MCPBridge
+
+ROUNDS = 5
+
+
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+class BareServer:
+    """A plain fastmcp HTTP app for the same tool, served by uvicorn in a thread."""
+
+    def __init__(self) -> None:
+        import uvicorn
+        from fastmcp import FastMCP
+
+        mcp = FastMCP("bare", tools=[echo])
+        config = uvicorn.Config(
+            mcp.http_app(path="/mcp"), host="127.0.0.1", port=0, log_config=None,
+            log_level="warning", access_log=False, lifespan="on", ws="none",
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.005)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/mcp"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[int(0.95 * (len(ordered) - 1))]
+
+
+async def time_calls(client: Any, n: int, out: list[float]) -> None:
+    for i in range(n):
+        start = time.perf_counter()
+        result = await client.call_tool("echo", {"text": f"ping {i}"})
+        out.append(time.perf_counter() - start)
+        assert result.data == f"ping {i}"
+
+
+async def measure_calls(bridge: MCPBridge, bare: BareServer, calls: int) -> dict[str, list[float]]:
+    from fastmcp import Client, FastMCP
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    clients: dict[str, Callable[[], Any]] = {
+        "bridge (HTTP, auth)": lambda: Client(StreamableHttpTransport(bridge.url, auth=bridge.token)),
+        "bare fastmcp HTTP": lambda: Client(StreamableHttpTransport(bare.url)),
+        "in-memory": lambda: Client(FastMCP("memory", tools=[echo])),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in clients}
+    for _ in range(ROUNDS):
+        for name, make in clients.items():
+            async with make() as client:
+                await time_calls(client, 20, [])  # warm the connection and caches
+                await time_calls(client, calls // ROUNDS, samples[name])
+    return samples
+
+
+def measure_lifecycle(cycles: int) -> tuple[float, list[float], list[float]]:
+    cold = MCPBridge([echo])
+    start = time.perf_counter()
+    cold.start()  # first start pays for importing fastmcp and uvicorn
+    first = time.perf_counter() - start
+    cold.stop()
+    starts, stops = [], []
+    for _ in range(cycles):
+        bridge = MCPBridge([echo])
+        bridge.list_tools()  # tool loading is separate from serving; time the server only
+        t0 = time.perf_counter()
+        bridge.start()
+        t1 = time.perf_counter()
+        bridge.stop()
+        starts.append(t1 - t0)
+        stops.append(time.perf_counter() - t1)
+    return first, starts, stops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000, help="timed calls per path")
+    parser.add_argument("--cycles", type=int, default=20, help="start/stop cycles")
+    args = parser.parse_args()
+
+    first, starts, stops = measure_lifecycle(args.cycles)
+    bare = BareServer()
+    try:
+        with MCPBridge([echo]) as bridge:
+            samples = asyncio.run(measure_calls(bridge, bare, args.calls))
+    finally:
+        bare.stop()
+
+    p50 = {name: percentiles(s)[0] for name, s in samples.items()}
+    print(f"one tool call, {args.calls} calls per path in {ROUNDS} interleaved rounds")
+    for name, s in samples.items():
+        lo, hi = percentiles(s)
+        print(f"  {name:22s} p50 {lo * 1e3:7.3f} ms   p95 {hi * 1e3:7.3f} ms")
+    bridge_p50 = p50["bridge (HTTP, auth)"]
+    print(f"  ratio bridge / bare HTTP (p50): {bridge_p50 / p50['bare fastmcp HTTP']:.2f}x")
+    print(f"  ratio bridge / in-memory (p50): {bridge_p50 / p50['in-memory']:.2f}x")
+    print(f"bridge start: first (cold imports) {first * 1e3:.0f} ms; ", end="")
+    s50, s95 = percentiles(starts)
+    print(f"warm p50 {s50 * 1e3:.1f} ms p95 {s95 * 1e3:.1f} ms over {args.cycles}")
+    t50, t95 = percentiles(stops)
+    print(f"bridge stop: p50 {t50 * 1e3:.1f} ms p95 {t95 * 1e3:.1f} ms, max {max(stops) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""gym_harness: agentic harnesses (Claude Code, Codex, ACP agents, any line-protocol
+command) as Gymnasium environments.
+
+Importing the package registers the env ids (``gym_harness/Reference-v0``,
+``gym_harness/Command-v0``, ``gym_harness/ClaudeCode-v0`` ...) and stays cheap:
+fastmcp is imported only when an env first starts its MCP bridge.
+
+Example:
+    >>> import gymnasium, gym_harness
+    >>> env = gymnasium.make("gym_harness/Reference-v0")
+"""
+
+from __future__ import annotations
+
+from gym_harness.bridge import MCPBridge
+from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
+from gym_harness.env import HarnessEnv
+from gym_harness.errors import (
+    BridgeError,
+    CaptureError,
+    ConfigError,
+    HarnessCrashed,
+    HarnessError,
+    HarnessStartError,
+    ProtocolError,
+    ToolConflictError,
+    TurnTimeout,
+)
+from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
+from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
+from gym_harness.process import HarnessProcess
+from gym_harness.registration import register_envs
+from gym_harness.spaces import UnicodeText
+from gym_harness.tasks import Task, load_tasks
+from gym_harness.tools import RESERVED_TOOL_NAMES, resolve_tool_conflicts, tool_tags
+from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
+from gym_harness.vector import make_vector_env
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BridgeError",
+    "CaptureError",
+    "CommandHarness",
+    "ConfigError",
+    "DEFAULT_INHERIT_ENV",
+    "EpisodeContext",
+    "EventType",
+    "Feed",
+    "HARNESSES",
+    "Harness",
+    "HarnessConfig",
+    "HarnessCrashed",
+    "HarnessEnv",
+    "HarnessError",
+    "HarnessEvent",
+    "HarnessProcess",
+    "HarnessStartError",
+    "MCPBridge",
+    "ProtocolError",
+    "RESERVED_TOOL_NAMES",
+    "ReferenceHarness",
+    "RewardContext",
+    "RewardFn",
+    "Task",
+    "ToolConflictError",
+    "Trajectory",
+    "TurnRecord",
+    "TurnResult",
+    "TurnTimeout",
+    "UnicodeText",
+    "__version__",
+    "harness_class",
+    "load_tasks",
+    "make_vector_env",
+    "register_envs",
+    "resolve_tool_conflicts",
+    "tool_tags",
+]
+
+register_envs()

@@ -1,0 +1,583 @@
+"""The reference harness: a small agent that speaks gym_harness line protocol v1.
+
+Run it as ``python -m gym_harness.agents.reference [--policy scripted|openai]``.
+It prints ``{"type":"ready"}`` at once, then answers every
+``{"type":"message","content":...}`` line on stdin with events and one
+``{"type":"turn_complete","response":...,"done":...}`` line on stdout. It exits 0
+at end of input (closing its MCP session first) and at once on SIGTERM.
+
+The env's tools are reached through the MCP bridge named by the environment
+variables ``GYM_HARNESS_MCP_URL`` and ``GYM_HARNESS_MCP_TOKEN`` (sent as
+``Authorization: Bearer``), with the MCP SDK's client over streamable HTTP. One
+session is opened at the first tool use and kept for the whole process.
+
+Policies:
+
+``scripted`` (default; deterministic, no network but the bridge). Each line of a
+message is read in order:
+
+* ``/call NAME {json}`` calls tool NAME with the JSON object as arguments
+  (``{}`` if omitted), emitting ``tool_call`` and ``tool_result`` events; the
+  response gets ``NAME -> RESULT`` (or ``NAME failed: ERROR``).
+* ``/tools`` lists the bridge's tools; the response gets ``tools: a, b, c``.
+* ``/done [TEXT]`` ends the turn with ``done: true``; TEXT joins the response.
+* Any other line is echoed: a run of such lines becomes ``You said: TEXT``.
+
+The response is these parts joined by newlines, in line order, so a reward can
+check tool results in it; it is also sent as one ``text`` event. A message with
+nothing in it gets ``You said: ``.
+
+``openai``: any OpenAI-compatible chat-completions endpoint, given by
+``--base-url`` (or ``OPENAI_BASE_URL``; requests go to ``BASE_URL/chat/completions``,
+so include ``/v1`` where the server wants it), ``--model`` (or ``OPENAI_MODEL``) and
+``--api-key-env NAME`` (the variable holding the key, default ``OPENAI_API_KEY``; no
+key, no Authorization header). A ReAct loop with function calling over the bridge's
+tools: at most ``--max-tool-calls`` tool calls per turn (further calls are refused
+and the model is asked to answer), history kept across turns, one ``llm_usage``
+event per model reply. A failing model endpoint gives an ``error`` event and a
+``turn_complete`` carrying the error text; that turn is dropped from the history.
+
+Input that is not JSON gets an ``error`` event and is otherwise ignored, as are
+objects whose type is not ``message``.
+
+Startup time matters (a reset waits for ``ready``), so only ``json``, ``os`` and
+``sys`` are imported at the top; the MCP client is imported lazily, and that
+import is warmed in a background thread right after ``ready``. Nothing is
+imported from gym_harness, so the file also runs as a plain script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    from mcp import ClientSession
+
+__all__ = ["main"]
+
+_CONNECT_TIMEOUT_S = 30.0
+_CLOSE_TIMEOUT_S = 5.0
+
+
+class _StdoutClosed(Exception):
+    """The env closed our stdout: nobody is listening, so stop as at end of input."""
+
+
+class _ModelError(Exception):
+    """The model endpoint failed or answered something we cannot use."""
+
+
+def _emit(event: dict[str, Any]) -> None:
+    # ASCII-only JSON: no locale or stray surrogate can make the write fail.
+    try:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError) as exc:
+        raise _StdoutClosed(str(exc)) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    # anyio task groups wrap the real cause in (nested) exception groups.
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+_prewarm: threading.Thread | None = None
+
+
+def _start_prewarm(tools: MCPTools) -> None:
+    """Import the MCP client and open the session in the background, right after ready.
+
+    The imports cost most of a second (httpcore2 pulls in trio, tool results pull
+    in jsonschema), the session a few round trips more; done here they are usually
+    finished before the first message arrives. Failures are left for the first
+    real use to report.
+    """
+    import threading
+
+    def run() -> None:
+        try:
+            import asyncio  # noqa: F401
+
+            import httpcore2  # noqa: F401
+            import httpx2  # noqa: F401
+            import jsonschema  # noqa: F401
+            from mcp import types  # noqa: F401
+            from mcp.client.session import ClientSession  # noqa: F401
+            from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+
+            tools.connect_quietly()
+        except BaseException:
+            return
+
+    global _prewarm
+    _prewarm = threading.Thread(target=run, name="prewarm", daemon=True)
+    _prewarm.start()
+
+
+def _await_prewarm() -> None:
+    # The mcp package has import cycles: importing it from two threads at once can
+    # fail with "partially initialized module", so the main thread waits its turn.
+    if _prewarm is not None:
+        _prewarm.join(timeout=_CONNECT_TIMEOUT_S + _CLOSE_TIMEOUT_S)
+
+
+class MCPTools:
+    """The bridge's tools through one MCP session kept open across turns.
+
+    The session lives in a task on a private asyncio loop in a daemon thread
+    (anyio scopes must be entered and left by one task); the main thread submits
+    calls to that loop and waits for them with a bound.
+
+    Args:
+        url: The bridge's streamable-HTTP URL ("" when there is no bridge).
+        token: The bearer token.
+        call_timeout_s: Longest wait for one tool call.
+    """
+
+    def __init__(self, url: str, token: str, call_timeout_s: float) -> None:
+        self._url = url
+        self._token = token
+        self._call_timeout_s = call_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._holder: concurrent.futures.Future[None] | None = None
+        self._session: ClientSession | None = None
+        self._closing: asyncio.Event | None = None
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """Return ``{"name", "description", "input_schema"}`` for every tool.
+
+        Raises:
+            RuntimeError: There is no bridge, or listing failed.
+        """
+        _await_prewarm()
+        from mcp import types
+
+        async def list_all(session: ClientSession) -> list[types.Tool]:
+            tools: list[types.Tool] = []
+            cursor: str | None = None
+            while True:
+                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await session.list_tools(params=params)
+                tools.extend(page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+
+        tools = self._run(list_all(self._connect()))
+        return [
+            {"name": t.name, "description": t.description or "", "input_schema": t.input_schema}
+            for t in tools
+        ]
+
+    def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Call one tool; return ``(content text, is_error)``. Never raises."""
+        _await_prewarm()
+        from mcp import types
+
+        try:
+            result = self._run(self._connect().call_tool(name, arguments))
+        except Exception as exc:
+            return str(exc), True
+        parts = []
+        for block in result.content:
+            if isinstance(block, types.TextContent):
+                parts.append(block.text)
+            else:
+                parts.append(json.dumps(block.model_dump(mode="json", exclude_none=True)))
+        if not parts and result.structured_content is not None:
+            parts.append(json.dumps(result.structured_content))
+        return "\n".join(parts), bool(result.is_error)
+
+    def connect_quietly(self) -> None:
+        """Open the session now if there is a bridge; errors wait for the first real use."""
+        if self._url:
+            try:
+                self._connect()
+            except RuntimeError:
+                return
+
+    def close(self) -> None:
+        """End the session (the server sees a clean DELETE) and stop the loop thread."""
+        loop, holder = self._loop, self._holder
+        if loop is None:
+            return
+        if holder is not None and not holder.done() and self._closing is not None:
+            loop.call_soon_threadsafe(self._closing.set)
+            try:
+                holder.result(timeout=_CLOSE_TIMEOUT_S)
+            except BaseException:
+                holder.cancel()
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=_CLOSE_TIMEOUT_S)
+        if not loop.is_running():
+            loop.close()
+        self._loop = self._thread = self._holder = self._session = None
+
+    def _run(self, coro: Any) -> Any:
+        import asyncio
+        import concurrent.futures
+
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=self._call_timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise RuntimeError(f"no answer from the MCP bridge in {self._call_timeout_s}s") from exc
+        except Exception as exc:
+            raise RuntimeError(_describe(exc)) from exc
+
+    def _connect(self) -> ClientSession:
+        import asyncio
+        import concurrent.futures
+        import threading
+
+        if self._session is not None and self._holder is not None and not self._holder.done():
+            return self._session
+        if not self._url:
+            raise RuntimeError("no MCP bridge: GYM_HARNESS_MCP_URL is not set")
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(
+                target=self._loop.run_forever, name="mcp-client", daemon=True
+            )
+            self._thread.start()
+        ready: concurrent.futures.Future[ClientSession] = concurrent.futures.Future()
+        self._holder = asyncio.run_coroutine_threadsafe(self._hold(ready), self._loop)
+        try:
+            self._session = ready.result(timeout=_CONNECT_TIMEOUT_S)
+        except concurrent.futures.TimeoutError as exc:
+            self._holder.cancel()
+            raise RuntimeError(f"MCP bridge at {self._url} did not answer in time") from exc
+        except Exception as exc:
+            raise RuntimeError(
+                f"cannot open an MCP session at {self._url}: {_describe(exc)}"
+            ) from exc
+        return self._session
+
+    async def _hold(self, ready: concurrent.futures.Future[ClientSession]) -> None:
+        import asyncio
+
+        import httpx2
+        from mcp.client.session import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        self._closing = asyncio.Event()
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        timeout = httpx2.Timeout(_CONNECT_TIMEOUT_S, read=self._call_timeout_s)
+        try:
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+                streamable_http_client(self._url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                ready.set_result(session)
+                await self._closing.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
+            raise
+
+
+class ScriptedPolicy:
+    """The deterministic policy (see the module docstring)."""
+
+    def __init__(self, tools: MCPTools) -> None:
+        self._tools = tools
+
+    def turn(self, content: str) -> None:
+        """Run one turn: emit its events and the ``turn_complete`` line."""
+        parts: list[str] = []
+        said: list[str] = []
+        done = False
+
+        def flush_said() -> None:
+            if said:
+                parts.append("You said: " + "\n".join(said))
+                said.clear()
+
+        for line in content.splitlines():
+            command, _, rest = line.strip().partition(" ")
+            if command not in ("/call", "/tools", "/done"):
+                said.append(line)
+                continue
+            flush_said()
+            if command == "/call":
+                parts.append(self._call(rest.strip()))
+            elif command == "/tools":
+                parts.append(self._list())
+            else:
+                done = True
+                if rest.strip():
+                    parts.append(rest.strip())
+        flush_said()
+        response = "\n".join(parts) if parts else "You said: "
+        _emit({"type": "text", "text": response})
+        _emit({"type": "turn_complete", "response": response, "done": done})
+
+    def _call(self, spec: str) -> str:
+        name, _, raw_args = spec.partition(" ")
+        try:
+            arguments = json.loads(raw_args) if raw_args.strip() else {}
+        except ValueError as exc:
+            arguments = exc
+        if not name or not isinstance(arguments, dict):
+            error = f"bad /call line {spec!r}: expected /call NAME {{json object}}"
+            _emit({"type": "error", "message": error})
+            return f"error: {error}"
+        _emit({"type": "tool_call", "name": name, "arguments": arguments})
+        text, is_error = self._tools.call(name, arguments)
+        _emit({"type": "tool_result", "name": name, "content": text, "is_error": is_error})
+        return f"{name} failed: {text}" if is_error else f"{name} -> {text}"
+
+    def _list(self) -> str:
+        try:
+            names = [tool["name"] for tool in self._tools.list_tools()]
+        except RuntimeError as exc:
+            _emit({"type": "error", "message": str(exc)})
+            return f"error: {exc}"
+        return "tools: " + ", ".join(names)
+
+
+class OpenAIPolicy:
+    """A ReAct loop over an OpenAI-compatible chat-completions endpoint.
+
+    Args:
+        tools: The bridge's tools.
+        args: The parsed command line (base_url, model, api_key_env, ...).
+    """
+
+    def __init__(self, tools: MCPTools, args: argparse.Namespace) -> None:
+        self._tools = tools
+        self._url = args.base_url.rstrip("/") + "/chat/completions"
+        self._model = args.model
+        self._api_key = os.environ.get(args.api_key_env, "")
+        self._max_tool_calls = args.max_tool_calls
+        self._timeout_s = args.request_timeout
+        self._messages: list[dict[str, Any]] = []
+        if args.system_prompt:
+            self._messages.append({"role": "system", "content": args.system_prompt})
+        self._functions: list[dict[str, Any]] | None = None
+        self._http: Any = None
+
+    def turn(self, content: str) -> None:
+        """Run one turn: emit its events and the ``turn_complete`` line."""
+        mark = len(self._messages)
+        self._messages.append({"role": "user", "content": content})
+        try:
+            response = self._react()
+        except _ModelError as exc:
+            del self._messages[mark:]  # a half-done turn would leave the history invalid
+            _emit({"type": "error", "message": str(exc)})
+            _emit({"type": "turn_complete", "response": str(exc), "done": False})
+            return
+        _emit({"type": "turn_complete", "response": response, "done": False})
+
+    def close(self) -> None:
+        """Close the HTTP client, if one was opened."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def _react(self) -> str:
+        functions = self._tool_functions()
+        calls = 0
+        content = ""
+        # Every round before the budget is spent uses some of it; then at most two more.
+        for _ in range(self._max_tool_calls + 2):
+            body: dict[str, Any] = {"model": self._model, "messages": self._messages}
+            if functions:
+                body["tools"] = functions
+                body["tool_choice"] = "auto" if calls < self._max_tool_calls else "none"
+            message = self._complete(body)
+            content = message.get("content") or ""
+            tool_calls = message.get("tool_calls") or []
+            assistant: dict[str, Any] = {"role": "assistant", "content": content or None}
+            if tool_calls:
+                assistant["tool_calls"] = tool_calls
+            self._messages.append(assistant)
+            if content:
+                _emit({"type": "text", "text": content})
+            if not tool_calls:
+                return str(content)
+            for call in tool_calls:
+                result, calls = self._run_tool_call(call, calls)
+                self._messages.append(
+                    {"role": "tool", "tool_call_id": call.get("id", ""), "content": result}
+                )
+        return content or "stopped: the model kept calling tools past --max-tool-calls"
+
+    def _run_tool_call(self, call: dict[str, Any], calls: int) -> tuple[str, int]:
+        function = call.get("function") or {}
+        name = str(function.get("name", ""))
+        if calls >= self._max_tool_calls:
+            return "refused: the tool-call budget of this turn is spent; answer now", calls
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return f"error: arguments of {name} are not a JSON object", calls
+        _emit({"type": "tool_call", "name": name, "arguments": arguments})
+        text, is_error = self._tools.call(name, arguments)
+        _emit({"type": "tool_result", "name": name, "content": text, "is_error": is_error})
+        return text, calls + 1
+
+    def _tool_functions(self) -> list[dict[str, Any]]:
+        if self._functions is None:
+            try:
+                tools = self._tools.list_tools()
+            except RuntimeError as exc:
+                _emit({"type": "error", "message": f"no tools: {exc}"})
+                return []
+            self._functions = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool["name"],
+                        "description": tool["description"],
+                        "parameters": tool["input_schema"] or {"type": "object", "properties": {}},
+                    },
+                }
+                for tool in tools
+            ]
+        return self._functions
+
+    def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        _await_prewarm()
+        import httpx2
+
+        if self._http is None:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            self._http = httpx2.Client(headers=headers, timeout=self._timeout_s)
+        try:
+            reply = self._http.post(self._url, json=body)
+        except httpx2.HTTPError as exc:
+            raise _ModelError(f"model endpoint {self._url} failed: {_describe(exc)}") from exc
+        if reply.status_code >= 400:
+            raise _ModelError(
+                f"model endpoint {self._url} returned HTTP {reply.status_code}: {reply.text[:500]}"
+            )
+        try:
+            data = reply.json()
+            message = data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _ModelError(
+                f"model endpoint {self._url} sent no usable choice: {reply.text[:500]}"
+            ) from exc
+        usage = data.get("usage") or {}
+        _emit(
+            {
+                "type": "llm_usage",
+                "model": data.get("model", self._model),
+                "input_tokens": usage.get("prompt_tokens", 0),
+                "output_tokens": usage.get("completion_tokens", 0),
+                "total_tokens": usage.get("total_tokens", 0),
+            }
+        )
+        if not isinstance(message, dict):
+            raise _ModelError(f"model endpoint {self._url} sent a message that is not an object")
+        return message
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gym_harness.agents.reference",
+        description="gym_harness reference harness (line protocol v1 on stdin/stdout).",
+    )
+    parser.add_argument("--policy", choices=("scripted", "openai"), default="scripted")
+    parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
+    parser.add_argument("--model", default=os.environ.get("OPENAI_MODEL"))
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME")
+    parser.add_argument("--max-tool-calls", type=int, default=8)
+    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
+    parser.add_argument("--tool-timeout", type=float, default=300.0, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    if args.policy == "openai" and not (args.base_url and args.model):
+        parser.error("--policy openai needs --base-url and --model (or OPENAI_BASE_URL/MODEL)")
+    if args.max_tool_calls < 0:
+        parser.error("--max-tool-calls must be >= 0")
+    return args
+
+
+def _serve(policy: ScriptedPolicy | OpenAIPolicy) -> None:
+    while line := sys.stdin.buffer.readline():
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            _emit({"type": "error", "message": f"input line is not JSON ({exc}): {line[:200]!r}"})
+            continue
+        if not isinstance(message, dict) or message.get("type") != "message":
+            continue
+        content = message.get("content")
+        if not isinstance(content, str):
+            error = f"message content must be a string, got {type(content).__name__}"
+            _emit({"type": "error", "message": error})
+            _emit({"type": "turn_complete", "response": error, "done": False})
+            continue
+        try:
+            policy.turn(content)
+        except _StdoutClosed:
+            raise
+        except Exception as exc:  # a bug here must cost a turn, not the episode
+            error = f"reference agent failed: {_describe(exc)}"
+            _emit({"type": "error", "message": error})
+            _emit({"type": "turn_complete", "response": error, "done": False})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the reference harness until end of input.
+
+    Args:
+        argv: Command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 at end of input or when stdout was closed.
+    """
+    args = _parse_args(argv)
+    try:
+        _emit({"type": "ready"})
+    except _StdoutClosed:
+        return 0
+    tools = MCPTools(
+        os.environ.get("GYM_HARNESS_MCP_URL", ""),
+        os.environ.get("GYM_HARNESS_MCP_TOKEN", ""),
+        args.tool_timeout,
+    )
+    _start_prewarm(tools)
+    policy = ScriptedPolicy(tools) if args.policy == "scripted" else OpenAIPolicy(tools, args)
+    try:
+        _serve(policy)
+    except _StdoutClosed:
+        # Keep interpreter shutdown from failing on the final flush of a closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        # The prewarm thread may still be importing or connecting: let it finish
+        # first (an import in a daemon thread at shutdown can crash the interpreter).
+        _await_prewarm()
+        if isinstance(policy, OpenAIPolicy):
+            policy.close()
+        tools.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,834 @@
+"""ModelProxy: a loopback pass-through that records every model call a harness makes.
+
+The harness talks to ``ModelProxy.base_url`` instead of its model API, with a
+per-episode proxy token in place of the API key. The proxy swaps that token
+for the real key (which never leaves the env process), forwards the request to
+the upstream, and passes the answer back byte for byte as it arrives, SSE
+streams included. Per request it keeps a :class:`ModelExchange`: the request,
+the assembled answer (text, tool calls, stop reason, usage, logprobs, token
+ids), the stream's events, the timing, and what went wrong if anything did.
+
+Wire APIs understood for recording (anything else is still forwarded):
+OpenAI Chat Completions, OpenAI Responses, Anthropic Messages, Gemini.
+
+Threads: the caller's thread owns the lifecycle (``start``/``stop``/
+``rotate_token``/``drain``). The proxy thread owns one asyncio loop running
+uvicorn and the upstream httpx2 client; it appends records behind a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hmac
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import httpx2
+
+from gym_harness.errors import CaptureError
+
+__all__ = [
+    "ModelExchange",
+    "ModelProxy",
+    "ProxyState",
+    "SSEEvent",
+    "TokenLogprob",
+    "ToolCallRecord",
+    "api_of",
+    "parse_sse",
+]
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 3.0
+_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+# Hop-by-hop or rewritten by us; never copied between the two connections.
+_SKIP_REQUEST = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+        "authorization",
+        *_KEY_HEADERS,
+    }
+)
+# content-length too: the answer goes out chunked, so its end reaches the harness only after
+# the exchange is recorded (a harness that has its answer finds it in records()).
+_SKIP_RESPONSE = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-encoding", "content-length"}
+)
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call the model asked for. ``arguments`` is the JSON text as sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log-probability (and id, when the upstream gave one)."""
+
+    token: str
+    logprob: float
+    token_id: int | None = None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """One server-sent event as the upstream sent it (``event`` is "" when unnamed)."""
+
+    event: str
+    data: str
+
+
+@dataclass(frozen=True)
+class ModelExchange:
+    """One model call through the proxy: what went up, what came back, and how.
+
+    ``outcome`` is one of ``"ok"``, ``"refused"`` (upstream answered >= 400; passed
+    through unchanged), ``"dropped"`` (upstream broke the connection mid-answer),
+    ``"stalled"`` (upstream silent past ``timeout_s``), ``"unreachable"``,
+    ``"unauthorized"`` (wrong proxy token; nothing forwarded), ``"client_closed"`` (the
+    harness hung up first) or ``"cancelled"`` (the proxy stopped mid-answer).
+    ``request`` is the JSON body as sent upstream (after any logprobs request was added).
+    ``events`` holds a streamed answer event by event; ``body`` a non-streamed one.
+    Times are seconds from the moment the whole request had reached the proxy.
+    """
+
+    seq: int
+    api: str
+    method: str
+    path: str
+    request: Any
+    logprobs_added: bool
+    status: int
+    outcome: str
+    error: str
+    streamed: bool
+    events: tuple[SSEEvent, ...]
+    body: str
+    text: str
+    tool_calls: tuple[ToolCallRecord, ...]
+    stop_reason: str
+    usage: dict[str, Any]
+    logprobs: tuple[TokenLogprob, ...]
+    token_ids: tuple[int, ...]
+    started_at: float
+    ttfb_s: float | None
+    total_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return dict(json.loads(json.dumps(asdict(self))))
+
+
+def api_of(path: str) -> str:
+    """The wire API a request path belongs to: chat, responses, anthropic, gemini or other."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "anthropic"
+    if path.endswith((":generateContent", ":streamGenerateContent")):
+        return "gemini"
+    return "other"
+
+
+def parse_sse(raw: bytes) -> tuple[SSEEvent, ...]:
+    """Split an SSE body into events (comments and ``id``/``retry`` fields dropped)."""
+    events = []
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    for block in text.split("\n\n"):
+        name, data = "", []
+        for line in block.split("\n"):
+            field_name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field_name == "event":
+                name = value
+            elif field_name == "data":
+                data.append(value)
+        if data:
+            events.append(SSEEvent(name, "\n".join(data)))
+    return tuple(events)
+
+
+@dataclass
+class _Answer:
+    text: list[str] = field(default_factory=list)
+    calls: dict[Any, dict[str, str]] = field(default_factory=dict)
+    stop: str = ""
+    usage: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    def call(self, key: Any, id_: str = "", name: str = "", arguments: str = "") -> None:
+        slot = self.calls.setdefault(key, {"id": "", "name": "", "arguments": ""})
+        slot["id"] = slot["id"] or id_
+        slot["name"] = slot["name"] or name
+        slot["arguments"] += arguments
+
+
+def _logprob(entry: dict[str, Any]) -> TokenLogprob:
+    top = tuple(
+        (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+        for t in entry.get("top_logprobs") or []
+    )
+    return TokenLogprob(str(entry.get("token", "")), float(entry.get("logprob", 0.0)), top=top)
+
+
+def _feed_chat(ans: _Answer, obj: dict[str, Any]) -> None:
+    if obj.get("usage"):
+        ans.usage = dict(obj["usage"])
+    for choice in obj.get("choices") or []:
+        part = choice.get("delta") or choice.get("message") or {}
+        if isinstance(part.get("content"), str):
+            ans.text.append(part["content"])
+        for i, tc in enumerate(part.get("tool_calls") or []):
+            fn = tc.get("function") or {}
+            ans.call(
+                tc.get("index", i),
+                tc.get("id") or "",
+                fn.get("name") or "",
+                fn.get("arguments") or "",
+            )
+        if choice.get("finish_reason"):
+            ans.stop = str(choice["finish_reason"])
+        ans.logprobs += [_logprob(e) for e in (choice.get("logprobs") or {}).get("content") or []]
+        ans.token_ids += [int(t) for t in choice.get("token_ids") or []]
+
+
+def _feed_anthropic(ans: _Answer, obj: dict[str, Any]) -> None:
+    kind = obj.get("type")
+    if kind == "message":  # a whole, non-streamed message
+        for i, block in enumerate(obj.get("content") or []):
+            _anthropic_block(ans, i, block)
+        ans.stop, ans.usage = str(obj.get("stop_reason") or ""), dict(obj.get("usage") or {})
+    elif kind == "message_start":
+        ans.usage.update(obj.get("message", {}).get("usage") or {})
+    elif kind == "content_block_start":
+        _anthropic_block(ans, obj.get("index"), obj.get("content_block") or {}, streamed=True)
+    elif kind == "content_block_delta":
+        delta = obj.get("delta") or {}
+        if delta.get("type") == "text_delta":
+            ans.text.append(delta.get("text", ""))
+        elif delta.get("type") == "input_json_delta":
+            ans.call(obj.get("index"), arguments=delta.get("partial_json", ""))
+    elif kind == "message_delta":
+        ans.stop = str((obj.get("delta") or {}).get("stop_reason") or ans.stop)
+        ans.usage.update(obj.get("usage") or {})
+    elif kind == "error":
+        ans.stop = "error"
+
+
+def _anthropic_block(ans: _Answer, key: Any, block: dict[str, Any], streamed: bool = False) -> None:
+    if block.get("type") == "text":
+        ans.text.append(block.get("text", ""))
+    elif block.get("type") in ("tool_use", "server_tool_use"):
+        args = "" if streamed else json.dumps(block.get("input") or {})
+        ans.call(key, block.get("id", ""), block.get("name", ""), args)
+
+
+def _feed_responses(ans: _Answer, obj: dict[str, Any]) -> None:
+    kind = obj.get("type", "")
+    if obj.get("object") == "response":  # a whole, non-streamed response
+        for i, item in enumerate(obj.get("output") or []):
+            _responses_item(ans, i, item, with_text=True)
+        ans.stop, ans.usage = str(obj.get("status") or ""), dict(obj.get("usage") or {})
+    elif kind == "response.output_text.delta":
+        ans.text.append(obj.get("delta", ""))
+        ans.logprobs += [_logprob(e) for e in obj.get("logprobs") or []]
+    elif kind == "response.output_item.done":
+        _responses_item(ans, obj.get("output_index"), obj.get("item") or {}, with_text=False)
+    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+        response = obj.get("response") or {}
+        ans.stop, ans.usage = str(response.get("status") or ""), dict(response.get("usage") or {})
+    elif kind == "error":
+        ans.stop = "error"
+
+
+def _responses_item(ans: _Answer, key: Any, item: dict[str, Any], with_text: bool) -> None:
+    if item.get("type") == "function_call":
+        ans.call(key, item.get("call_id", ""), item.get("name", ""), item.get("arguments", ""))
+    elif item.get("type") == "message" and with_text:
+        ans.text += [
+            p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text"
+        ]
+
+
+def _feed_gemini(ans: _Answer, obj: dict[str, Any]) -> None:
+    if obj.get("usageMetadata"):
+        ans.usage = dict(obj["usageMetadata"])
+    for cand in (obj.get("candidates") or [])[:1]:
+        for part in (cand.get("content") or {}).get("parts") or []:
+            if isinstance(part.get("text"), str) and not part.get("thought"):
+                ans.text.append(part["text"])
+            if "functionCall" in part:
+                fc = part["functionCall"]
+                ans.call(
+                    len(ans.calls),
+                    fc.get("id", ""),
+                    fc.get("name", ""),
+                    json.dumps(fc.get("args") or {}),
+                )
+        if cand.get("finishReason"):
+            ans.stop = str(cand["finishReason"])
+        for chosen in (cand.get("logprobsResult") or {}).get("chosenCandidates") or []:
+            tid = chosen.get("tokenId")
+            ans.logprobs.append(
+                TokenLogprob(
+                    str(chosen.get("token", "")), float(chosen.get("logProbability", 0.0)), tid
+                )
+            )
+
+
+_FEED = {
+    "chat": _feed_chat,
+    "anthropic": _feed_anthropic,
+    "responses": _feed_responses,
+    "gemini": _feed_gemini,
+}
+
+
+def assemble(
+    *,
+    seq: int,
+    method: str,
+    path: str,
+    request: bytes,
+    logprobs_added: bool,
+    status: int,
+    outcome: str,
+    error: str,
+    answer: tuple[str, bytes] | None,
+    started_at: float,
+    ttfb_s: float | None,
+    total_s: float,
+) -> ModelExchange:
+    """Build the record of one exchange from the bytes that went up and came back."""
+    api = api_of(path)
+    ctype, raw = answer or ("", b"")
+    streamed = ctype.startswith("text/event-stream")
+    events = parse_sse(raw) if streamed else ()
+    body = "" if streamed else raw.decode("utf-8", "replace")
+    ans = _Answer()
+    feed = _FEED.get(api)
+    if feed is not None and status < 400:
+        payloads = [e.data for e in events] if streamed else [body]
+        for payload in payloads:
+            with contextlib.suppress(ValueError):  # "[DONE]", or a broken final chunk
+                obj = json.loads(payload)
+                if isinstance(obj, dict):
+                    feed(ans, obj)
+    logprobs = ans.logprobs
+    if len(ans.token_ids) == len(logprobs):  # vLLM-style ids, one per logprob entry
+        logprobs = [
+            replace(lp, token_id=tid) for lp, tid in zip(logprobs, ans.token_ids, strict=True)
+        ]
+    parsed: Any = None
+    with contextlib.suppress(ValueError):
+        parsed = json.loads(request) if request else None
+    return ModelExchange(
+        seq=seq,
+        api=api,
+        method=method,
+        path=path,
+        request=parsed,
+        logprobs_added=logprobs_added,
+        status=status,
+        outcome=outcome,
+        error=error,
+        streamed=streamed,
+        events=events,
+        body=body,
+        text="".join(ans.text),
+        tool_calls=tuple(ToolCallRecord(**c) for _, c in sorted(ans.calls.items(), key=_order)),
+        stop_reason=ans.stop,
+        usage=ans.usage,
+        logprobs=tuple(logprobs),
+        token_ids=tuple(ans.token_ids),
+        started_at=started_at,
+        ttfb_s=ttfb_s,
+        total_s=total_s,
+    )
+
+
+def _order(item: tuple[Any, Any]) -> tuple[int, str]:
+    key = item[0]
+    return (key, "") if isinstance(key, int) else (1 << 30, str(key))
+
+
+class ProxyState(enum.Enum):
+    """Lifecycle of a :class:`ModelProxy`."""
+
+    UNOPENED = "unopened"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+class _StreamBroken(Exception):
+    """Raised inside the ASGI app to cut the harness's connection like the upstream cut ours."""
+
+
+class _QuietBrokenStreams(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _StreamBroken | asyncio.CancelledError)
+
+
+class ModelProxy:
+    """Forward a harness's model calls to the real API and record each exchange.
+
+    Args:
+        upstream: Origin of the real API, optionally with a path prefix
+            (``https://host`` or ``http://127.0.0.1:8000``); the request path is appended.
+        api_key: The real key, sent upstream in the header the harness used for the
+            proxy token (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key``,
+            or ``?key=``). ``None`` sends no credential upstream.
+        request_logprobs: Add ``"logprobs": true`` to Chat Completions requests.
+        timeout_s: Longest silence from the upstream (before the answer starts or between
+            two chunks) before the exchange is given up as ``"stalled"``.
+        connect_timeout_s: Longest wait to connect to the upstream.
+
+    Example:
+        >>> with ModelProxy("http://127.0.0.1:8000", api_key=key) as proxy:  # doctest: +SKIP
+        ...     env = {"OPENAI_BASE_URL": proxy.base_url + "/v1", "OPENAI_API_KEY": proxy.token}
+        ...     ...
+        ...     exchanges = proxy.drain()
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        api_key: str | None = None,
+        request_logprobs: bool = False,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        if not upstream.startswith(("http://", "https://")):
+            raise CaptureError(f"upstream must be an http(s) URL, got {upstream!r}")
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise CaptureError("timeout_s and connect_timeout_s must be positive")
+        self.upstream = upstream.rstrip("/")
+        self.request_logprobs = request_logprobs
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._api_key = api_key
+        self._token = secrets.token_urlsafe(32)
+        self._lock = threading.Lock()
+        self._records: list[ModelExchange] = []
+        self._seq = 0
+        self._state = ProxyState.UNOPENED
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._client: httpx2.AsyncClient | None = None
+        self._port = 0
+
+    def __repr__(self) -> str:  # the key stays out of reprs and logs
+        return f"ModelProxy(upstream={self.upstream!r}, state={self._state.value})"
+
+    # -- public surface ---------------------------------------------------------------
+
+    @property
+    def state(self) -> ProxyState:
+        """Where the proxy is in its lifecycle."""
+        return self._state
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``: use it where the harness expects the API's origin.
+
+        Raises:
+            CaptureError: The proxy is not running.
+        """
+        if self._state is not ProxyState.RUNNING:
+            raise CaptureError(f"the model proxy is {self._state.value}; call start() first")
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def token(self) -> str:
+        """The proxy token the harness must present in place of an API key."""
+        return self._token
+
+    def rotate_token(self) -> str:
+        """Issue a new proxy token (per episode); the old one stops working at once.
+
+        Returns:
+            The new token.
+        """
+        self._token = secrets.token_urlsafe(32)
+        return self._token
+
+    def records(self) -> list[ModelExchange]:
+        """The exchanges recorded since the last :meth:`drain`, oldest first (not consumed)."""
+        with self._lock:
+            return list(self._records)
+
+    def drain(self) -> list[ModelExchange]:
+        """The exchanges recorded since the last call, oldest first; forgets them."""
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    def start(self) -> None:
+        """Bind 127.0.0.1 on an OS-chosen port and serve from a thread of its own.
+
+        Raises:
+            CaptureError: The proxy was closed, or could not bind or start in time.
+        """
+        if self._state is ProxyState.RUNNING:
+            return
+        if self._state is ProxyState.CLOSED:
+            raise CaptureError("this model proxy was stopped; make a new ModelProxy")
+        self._start_server()
+        self._state = ProxyState.RUNNING
+
+    def stop(self) -> None:
+        """Stop serving and close the upstream client. Idempotent, bounded, never raises."""
+        if self._state is ProxyState.CLOSED:
+            return
+        self._state = ProxyState.CLOSED
+        try:
+            self._stop_server()
+        except Exception:  # stop() must never raise
+            logger.warning("model proxy stop failed", exc_info=True)
+
+    def __enter__(self) -> ModelProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- the ASGI app (proxy thread) ----------------------------------------------------
+
+    async def _app(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        started_at, t0 = time.time(), time.perf_counter()
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        method, path = scope["method"], scope["path"]
+        query = scope["query_string"].decode("latin-1")
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        outgoing, query, ok = self._credentials(headers, query, method, path)
+        sent = bytes(body)
+        if not ok:
+            await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
+            self._record(method, path, sent, False, started_at, t0, 401, "unauthorized", "", None)
+            return
+        sent, added = self._maybe_add_logprobs(path, sent)
+        url = self.upstream + path + (f"?{query}" if query else "")
+        disconnect = asyncio.ensure_future(receive())  # resolves when the harness hangs up
+        try:
+            await self._forward(
+                method, path, url, outgoing, sent, added, send, disconnect, started_at, t0
+            )
+        finally:
+            disconnect.cancel()
+
+    async def _forward(
+        self,
+        method: str,
+        path: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        added: bool,
+        send: Any,
+        disconnect: asyncio.Future[Any],
+        started_at: float,
+        t0: float,
+    ) -> None:
+        assert self._client is not None
+        request = self._client.build_request(method, url, headers=headers, content=content)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx2.TimeoutException as exc:
+            outcome, status, why = "stalled", 504, f"upstream silent for {self.timeout_s}s: {exc!r}"
+        except httpx2.HTTPError as exc:
+            outcome, status, why = "unreachable", 502, f"upstream unreachable: {exc!r}"
+        else:
+            await self._relay(response, path, content, added, send, disconnect, started_at, t0)
+            return
+        await _send_json(send, status, _error(why))
+        self._record(method, path, content, added, started_at, t0, status, outcome, why, None)
+
+    async def _relay(
+        self,
+        response: httpx2.Response,
+        path: str,
+        content: bytes,
+        added: bool,
+        send: Any,
+        disconnect: asyncio.Future[Any],
+        started_at: float,
+        t0: float,
+    ) -> None:
+        out_headers = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in response.headers.multi_items()
+            if k.lower() not in _SKIP_RESPONSE
+        ]
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
+        )
+        chunks: list[bytes] = []
+        ttfb: float | None = None
+        outcome, why = ("refused" if response.status_code >= 400 else "ok"), ""
+        try:
+            async for chunk in response.aiter_raw():
+                if ttfb is None:
+                    ttfb = time.perf_counter() - t0
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunks.append(chunk)
+                if disconnect.done():
+                    outcome, why = "client_closed", "the harness hung up mid-answer"
+                    break
+        except httpx2.TimeoutException as exc:
+            outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc!r}"
+        except httpx2.HTTPError as exc:
+            outcome, why = "dropped", f"upstream connection broke mid-answer: {exc!r}"
+        except asyncio.CancelledError:  # the proxy is stopping with this exchange in flight
+            outcome, why = "cancelled", "the proxy stopped mid-answer"
+            raise
+        finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await response.aclose()
+            self._record(
+                response.request.method,
+                path,
+                content,
+                added,
+                started_at,
+                t0,
+                response.status_code,
+                outcome,
+                why,
+                (response.headers.get("content-type", ""), b"".join(chunks)),
+                ttfb,
+            )
+        if outcome in ("stalled", "dropped"):
+            raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _credentials(
+        self, headers: list[tuple[str, str]], query: str, method: str, path: str
+    ) -> tuple[list[tuple[str, str]], str, bool]:
+        """Check the proxy token and put the real key where the harness put the token."""
+        token, key = self._token, self._api_key
+        presented: str | None = None
+        out = [(k, v) for k, v in headers if k not in _SKIP_REQUEST]
+        out.append(("accept-encoding", "identity"))  # keep the recorded bytes readable
+        for name, value in headers:
+            if name == "authorization" and value.lower().startswith("bearer "):
+                presented = value[7:].strip()
+                if key is not None:
+                    out.append(("authorization", f"Bearer {key}"))
+            elif name in _KEY_HEADERS:
+                presented = value.strip()
+                if key is not None:
+                    out.append((name, key))
+        if "key=" in query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            presented = next((v for k, v in pairs if k == "key"), presented)
+            pairs = [(k, v) for k, v in pairs if k != "key"]
+            if key is not None:
+                pairs.append(("key", key))
+            query = urlencode(pairs)
+        if presented is None:  # connectivity probes (Claude Code's HEAD /) carry no key
+            return out, query, method in ("HEAD", "GET") and path == "/"
+        return out, query, hmac.compare_digest(presented.encode(), token.encode())
+
+    def _maybe_add_logprobs(self, path: str, content: bytes) -> tuple[bytes, bool]:
+        if not (self.request_logprobs and path.endswith("/chat/completions")):
+            return content, False
+        try:
+            body = json.loads(content)
+        except ValueError:
+            return content, False
+        if not isinstance(body, dict) or body.get("logprobs") is True:
+            return content, False
+        body["logprobs"] = True
+        return json.dumps(body).encode(), True
+
+    def _record(
+        self,
+        method: str,
+        path: str,
+        request: bytes,
+        added: bool,
+        started_at: float,
+        t0: float,
+        status: int,
+        outcome: str,
+        error: str,
+        answer: tuple[str, bytes] | None,
+        ttfb: float | None = None,
+    ) -> None:
+        total = time.perf_counter() - t0
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        try:
+            record = assemble(
+                seq=seq,
+                method=method,
+                path=path,
+                request=request,
+                logprobs_added=added,
+                status=status,
+                outcome=outcome,
+                error=error,
+                answer=answer,
+                started_at=started_at,
+                ttfb_s=ttfb,
+                total_s=total,
+            )
+        except Exception as exc:  # a record we cannot parse must not break the harness's call
+            logger.warning("model proxy could not assemble exchange %d: %r", seq, exc)
+            return
+        with self._lock:
+            self._records.append(record)
+
+    # -- the server thread ------------------------------------------------------------------
+
+    def _start_server(self) -> None:
+        import uvicorn
+
+        logging.getLogger("uvicorn.error").addFilter(_QUIET)
+        config = uvicorn.Config(
+            self._app,
+            interface="asgi3",
+            proxy_headers=False,
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            timeout_graceful_shutdown=1,
+        )
+        server = uvicorn.Server(config)
+        try:
+            # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        except OSError as exc:
+            raise CaptureError(f"cannot create the model proxy socket: {exc}") from exc
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise CaptureError(f"cannot bind the model proxy to 127.0.0.1: {exc}") from exc
+        self._port = sock.getsockname()[1]
+        failure: list[BaseException] = []
+        thread = threading.Thread(
+            target=self._serve,
+            args=(server, sock, failure),
+            name="gym-harness-capture",
+            daemon=True,
+        )
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if not server.started:
+            self._stop_server()
+            cause = failure[0] if failure else None
+            raise CaptureError(
+                f"the model proxy did not start on port {self._port}: {cause!r}"
+            ) from cause
+
+    def _serve(self, server: Any, sock: socket.socket, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+
+        async def run() -> None:
+            timeout = httpx2.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+            # trust_env=False: a proxy variable in the environment must not reroute model traffic.
+            async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as client:
+                self._client = client
+                await server.serve(sockets=[sock])
+
+        try:
+            loop.run_until_complete(run())
+        except BaseException as exc:  # reported to the starting thread, never raised here
+            failure.append(exc)
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.wait(pending, timeout=0.2))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+                sock.close()
+
+    def _stop_server(self) -> None:
+        server, thread = self._server, self._thread
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(_STOP_TIMEOUT_S)
+            if thread.is_alive() and server is not None:
+                server.force_exit = True
+                thread.join(0.5)
+            if thread.is_alive():
+                logger.warning("the model proxy thread did not stop in time; left as a daemon")
+        self._server, self._thread, self._client = None, None, None
+
+
+_QUIET = _QuietBrokenStreams()
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {
+        "error": {"type": "gym_harness_proxy_error", "message": f"gym_harness proxy: {message}"}
+    }
+
+
+async def _send_json(send: Any, status: int, payload: dict[str, Any]) -> None:
+    import json
+
+    data = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})

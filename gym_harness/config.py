@@ -1,0 +1,163 @@
+"""HarnessConfig: how one harness process is started, fed and stopped.
+
+A frozen dataclass, validated at construction, that pickles and round-trips
+JSON (``to_dict`` / ``from_dict``) so it can travel to vector-env workers and
+into episode records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym_harness.errors import ConfigError
+
+__all__ = ["DEFAULT_INHERIT_ENV", "HarnessConfig"]
+
+#: Variables allowed through from our environment unless the config says otherwise.
+DEFAULT_INHERIT_ENV: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+    "PYTHONPATH",
+)
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    """How to start, feed and stop one harness process.
+
+    Args:
+        command: The argv to start (a list of strings; never a shell string).
+        cwd: The working directory; ``None`` means the episode workspace.
+        env: Extra environment variables for the harness (after ``inherit_env``).
+        inherit_env: Names let through from our own environment; nothing else is.
+        startup_timeout_s: How long the harness may take to become ready.
+        turn_timeout_s: Wall-clock budget of one turn (``step``).
+        idle_timeout_s: How long a turn may go without any sign of life.
+        episode_timeout_s: Wall-clock budget of a whole episode; ``None`` for none.
+        stop_grace_s: Time between SIGTERM and SIGKILL when stopping.
+        stderr_tail_lines: How many stderr lines are kept for error reports.
+        max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
+        allow_plain_text: Treat non-JSON stdout lines as text instead of a protocol error.
+
+    Raises:
+        ConfigError: A field has a value of the wrong type or out of range.
+
+    Example:
+        >>> cfg = HarnessConfig(command=["python", "agent.py"], turn_timeout_s=30)
+        >>> HarnessConfig.from_dict(cfg.to_dict()) == cfg
+        True
+    """
+
+    command: tuple[str, ...] = ()
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: tuple[str, ...] = DEFAULT_INHERIT_ENV
+    startup_timeout_s: float = 60.0
+    turn_timeout_s: float = 900.0
+    idle_timeout_s: float = 300.0
+    episode_timeout_s: float | None = None
+    stop_grace_s: float = 2.0
+    stderr_tail_lines: int = 50
+    max_line_bytes: int = 8 * 1024 * 1024
+    allow_plain_text: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "command", _str_tuple("command", self.command))
+        set_(self, "inherit_env", _str_tuple("inherit_env", self.inherit_env))
+        if self.cwd is not None and not isinstance(self.cwd, str):
+            set_(self, "cwd", _as_path_str("cwd", self.cwd))
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
+            raise ConfigError(
+                f"HarnessConfig.env must map str to str, got {self.env!r}; "
+                "convert values with str() first."
+            )
+        set_(self, "env", dict(self.env))
+        for name in ("startup_timeout_s", "turn_timeout_s", "idle_timeout_s", "stop_grace_s"):
+            _positive(name, getattr(self, name))
+        if self.episode_timeout_s is not None:
+            _positive("episode_timeout_s", self.episode_timeout_s)
+        for name in ("stderr_tail_lines", "max_line_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
+        if not isinstance(self.allow_plain_text, bool):
+            raise ConfigError(
+                f"HarnessConfig.allow_plain_text must be a bool, got {self.allow_plain_text!r}."
+            )
+
+    def replace(self, **changes: Any) -> HarnessConfig:
+        """Return a copy with ``changes`` applied (validated like the original).
+
+        Raises:
+            ConfigError: A name is not a field, or a value is invalid.
+        """
+        unknown = sorted(set(changes) - FIELD_NAMES)
+        if unknown:
+            raise ConfigError(
+                f"Unknown HarnessConfig field(s) {unknown}; known fields: {sorted(FIELD_NAMES)}."
+            )
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict of every field."""
+        data = dataclasses.asdict(self)
+        data["command"] = list(self.command)
+        data["inherit_env"] = list(self.inherit_env)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HarnessConfig:
+        """Build a config from ``to_dict`` output (or any subset of the fields).
+
+        Raises:
+            ConfigError: Unknown keys or invalid values.
+        """
+        return cls().replace(**dict(data))
+
+
+FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(HarnessConfig))
+
+
+def _str_tuple(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError(
+            f"HarnessConfig.{name} must be a list of strings, got {value!r}; "
+            f"for example {name}=['python', 'agent.py']."
+        )
+    items = tuple(value)
+    if not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"HarnessConfig.{name} must contain only strings, got {items!r}.")
+    return items
+
+
+def _as_path_str(name: str, value: object) -> str:
+    import os
+
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)  # type: ignore[return-value]
+    raise ConfigError(f"HarnessConfig.{name} must be a path or None, got {value!r}.")
+
+
+def _positive(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"HarnessConfig.{name} must be a positive number of seconds, got {value!r}."
+        )

@@ -1,0 +1,433 @@
+"""HarnessEnv: an agentic harness as a ``gymnasium.Env[str, str]``.
+
+One ``step`` is one conversational turn of a long-lived harness process; one
+episode is one harness process (and one fresh workspace). Harness faults never
+raise out of ``reset``/``step``: they become outcomes (see the README's outcome
+table) with ``info["error_type"]``.
+
+Threads: the caller's thread runs reset/step/close and never needs an event
+loop. ``HarnessProcess`` owns its reader threads; ``MCPBridge`` owns its server
+thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import inspect
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, SupportsFloat
+
+import gymnasium
+from gymnasium.error import ResetNeeded
+
+from gym_harness.config import FIELD_NAMES
+from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.events import HarnessEvent, TurnResult
+from gym_harness.harnesses import Harness, harness_class
+from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.spaces import UnicodeText
+from gym_harness.tasks import Task, load_tasks
+from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
+from gym_harness.turn import TurnRunner, end_flags
+
+if TYPE_CHECKING:
+    from gym_harness.bridge import MCPBridge
+    from gym_harness.process import HarnessProcess
+
+__all__ = ["HarnessEnv"]
+
+#: Longest text an action or observation may hold (the spaces' bound).
+MAX_TEXT = 1 << 24
+INFO_KEYS = (
+    "turn",
+    "error_type",
+    "error",
+    "events",
+    "tool_calls",
+    "elapsed_s",
+    "exit_code",
+    "stderr_tail",
+    "episode_id",
+    "task_id",
+)
+
+
+class EpisodeState(enum.Enum):
+    """Where the env is in its life."""
+
+    NEW = "new"  # constructed, never reset
+    RUNNING = "running"  # an episode is under way
+    ENDED = "ended"  # terminated or truncated; reset() needed
+    CLOSED = "closed"
+
+
+class HarnessEnv(gymnasium.Env[str, str]):
+    """A harness subprocess as a Gymnasium environment.
+
+    Args:
+        harness: A ``Harness`` instance or a registered name (``"reference"``,
+            ``"command"``, ``"claude_code"``, ``"codex"``, ``"opencode"`` ...).
+        tools: The env's MCP tools served to the harness: a FastMCP server, a list
+            of plain callables, or an import string ``"pkg.module:attr"``.
+        reward_fn: ``reward_fn(RewardContext) -> float``, run after every turn in
+            this process (never reachable by the harness); or an import string.
+        tasks: A list of task dicts or a JSONL path; ``reset`` picks one.
+        workspace: A directory copied into every episode's fresh workspace.
+        keep_workspace: Keep episode directories after the episode (for inspection).
+        render_mode: ``"ansi"`` makes ``render()`` return the transcript.
+        on_event: Called with each ``HarnessEvent`` as it arrives during a turn.
+        tool_prefix: Prefix for env tools whose names clash with harness built-ins.
+        tool_timeout_s: A tool call running longer returns an error to the harness.
+        **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``,
+            ``command=[...]`` ...); every other keyword goes to the harness's
+            constructor when ``harness`` is a name (``model=...``).
+
+    Raises:
+        ConfigError: Bad configuration, an unknown keyword, or unreadable tasks.
+
+    Example:
+        >>> import gymnasium
+        >>> env = gymnasium.make("gym_harness/Reference-v0")
+        >>> obs, info = env.reset(seed=0)
+        >>> obs, reward, terminated, truncated, info = env.step("hello")
+        >>> env.close()
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        harness: Harness | str = "reference",
+        *,
+        tools: Any = None,
+        reward_fn: RewardFn | str | None = None,
+        tasks: Sequence[Mapping[str, Any]] | str | Path | None = None,
+        workspace: str | Path | None = None,
+        keep_workspace: bool = False,
+        render_mode: str | None = None,
+        on_event: Callable[[HarnessEvent], None] | None = None,
+        tool_prefix: str = "env_",
+        tool_timeout_s: float = 120.0,
+        **kwargs: Any,
+    ) -> None:
+        config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
+        harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
+        self.harness = _make_harness(harness, harness_kwargs)
+        self.config = self.harness.default_config().replace(**config_kwargs)
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
+        if workspace is not None and not Path(workspace).is_dir():
+            raise ConfigError(f"workspace {str(workspace)!r} is not a directory.")
+        if tool_timeout_s <= 0:
+            raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
+        self.render_mode = render_mode
+        self.tasks: tuple[Task, ...] = load_tasks(tasks)
+        self.reward_fn: RewardFn | None = _resolve(reward_fn, "reward_fn")
+        self.on_event = on_event
+        self.lock = threading.Lock()
+        self._tools_spec = tools
+        self._template = None if workspace is None else Path(workspace)
+        self._keep = keep_workspace
+        self._tool_prefix = tool_prefix
+        self._tool_timeout_s = tool_timeout_s
+        self.observation_space = UnicodeText(MAX_TEXT)
+        self.action_space = UnicodeText(MAX_TEXT)
+        self._state = EpisodeState.NEW
+        self._bridge: MCPBridge | None = None
+        self._proc: HarnessProcess | None = None
+        self._root: Path | None = None
+        self._episode_dir: Path | None = None
+        self._runner: TurnRunner | None = None
+        self._task: Task | None = None
+        self._startup_error = ("", "")
+        self._episode_started = 0.0
+        self.trajectory = Trajectory(episode_id="", harness=self.harness.name)
+
+    # ----------------------------------------------------------------- gymnasium API
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start a fresh episode: a new harness process and workspace.
+
+        Args:
+            seed: Seeds the task choice (``self.np_random``).
+            options: ``{"task_id": id}`` or ``{"task": {...}}`` picks the task.
+
+        Returns:
+            The task prompt ("" without tasks) and the info dict.
+        """
+        if self._state is EpisodeState.CLOSED:
+            raise ConfigError("reset() on a closed env; make a new one.")
+        super().reset(seed=seed)
+        started = time.monotonic()
+        self._end_episode()
+        task = self._pick_task(options or {})
+        episode_id = uuid.uuid4().hex[:12]
+        ctx = self._prepare_episode(episode_id, task)
+        self._task = task
+        self.trajectory = Trajectory(
+            episode_id=episode_id,
+            harness=self.harness.name,
+            task=None if task is None else task.to_dict(),
+        )
+        self._episode_started = started
+        self._state = EpisodeState.RUNNING
+        self._startup_error = self._start_harness(ctx)
+        self.trajectory.reset_s = time.monotonic() - started
+        info = self._info(0, *self._startup_error, self.trajectory.startup_events, 0.0)
+        return ("" if task is None else task.prompt), info
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Send ``action`` as one user message and return the harness's reply.
+
+        Raises:
+            ResetNeeded: Before the first ``reset`` or after the episode ended.
+            TypeError: ``action`` is not a string.
+        """
+        if self._state is not EpisodeState.RUNNING:
+            raise ResetNeeded(
+                "step() needs a running episode: call reset() first "
+                f"(the env is {self._state.value})."
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"the action must be a str (one user message), got {type(action)!r}.")
+        turn = len(self.trajectory.turns) + 1
+        started_at, start = time.time(), time.monotonic()
+        if self._startup_error[0] or self._runner is None:
+            result = TurnResult(error_type=self._startup_error[0], error=self._startup_error[1])
+        else:
+            budget = None
+            if self.config.episode_timeout_s is not None:
+                budget = self._episode_started + self.config.episode_timeout_s
+            result = self._runner.run(action, episode_deadline=budget)
+        record = self._record(turn, action, result, started_at, time.monotonic() - start)
+        self.trajectory.turns.append(record)
+        if record.terminated or record.truncated:
+            self._state = EpisodeState.ENDED
+            self._stop_process()
+        info = self._info(turn, record.error_type, record.error, record.events, record.elapsed_s)
+        return record.response, record.reward, record.terminated, record.truncated, info
+
+    def render(self) -> str | None:  # type: ignore[override]
+        """With ``render_mode="ansi"``, the episode transcript as text."""
+        return self.trajectory.transcript() if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        """Stop the harness tree and the bridge; remove workspaces. Idempotent, never raises."""
+        if self._state is EpisodeState.CLOSED:
+            return
+        self._state = EpisodeState.CLOSED
+        try:
+            self._end_episode()
+        finally:
+            bridge, self._bridge = self._bridge, None
+            if bridge is not None:
+                bridge.stop()
+            if self._root is not None and not self._keep:
+                shutil.rmtree(self._root, ignore_errors=True)
+
+    # ----------------------------------------------------------------- orchestrator
+
+    def list_tools(self) -> list[Any]:
+        """The env tools as the harness sees them (``ToolSpec``s, served names)."""
+        return self._ensure_bridge().list_tools()
+
+    def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> Any:
+        """Call an env tool in-process for the orchestrator (not a turn; no idle credit)."""
+        return self._ensure_bridge().call_tool(name, arguments)
+
+    @property
+    def workspace(self) -> Path | None:
+        """The current episode's workspace directory (``None`` before reset)."""
+        return None if self._episode_dir is None else self._episode_dir / "workspace"
+
+    @property
+    def process(self) -> HarnessProcess | None:
+        """The running harness process, if any (for inspection: pid, usage())."""
+        return self._proc
+
+    # ----------------------------------------------------------------- internals
+
+    def _pick_task(self, options: Mapping[str, Any]) -> Task | None:
+        if "task" in options:
+            return Task.from_dict(options["task"], "options['task']")
+        if "task_id" in options:
+            wanted = str(options["task_id"])
+            for task in self.tasks:
+                if task.id == wanted:
+                    return task
+            known = [t.id for t in self.tasks]
+            raise ConfigError(f"No task has id {wanted!r}; known ids: {known}.")
+        if not self.tasks:
+            return None
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="gym_harness-"))
+        episode_dir = self._root / episode_id
+        workspace, home = episode_dir / "workspace", episode_dir / "home"
+        if self._template is not None:
+            shutil.copytree(self._template, workspace, symlinks=True)
+        workspace.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700)
+        if task is not None:
+            task.write_files(workspace)
+        self._episode_dir = episode_dir
+        bridge = self._ensure_bridge()
+        bridge.start()
+        if self.trajectory.episode_id:  # not the first episode: lock the old harness out
+            bridge.rotate_token()
+        return EpisodeContext(
+            episode_id=episode_id,
+            workspace=workspace,
+            home=home,
+            bridge_url=bridge.url,
+            bridge_token=bridge.token,
+            tool_names=tuple(spec.name for spec in bridge.list_tools()),
+        )
+
+    def _ensure_bridge(self) -> MCPBridge:
+        if self._bridge is None:
+            from gym_harness.bridge import MCPBridge
+            from gym_harness.tools import load_tools, resolve_tool_conflicts, served_tool_specs
+
+            server = load_tools(self._tools_spec if self._tools_spec is not None else [])
+            names = [spec.name for spec in served_tool_specs(server)]
+            mapping = resolve_tool_conflicts(names, self.harness.builtin_tools, self._tool_prefix)
+            self._bridge = MCPBridge(
+                server, tool_names=mapping, tool_timeout_s=self._tool_timeout_s, lock=self.lock
+            )
+        return self._bridge
+
+    def _start_harness(self, ctx: EpisodeContext) -> tuple[str, str]:
+        """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
+        from gym_harness.process import HarnessProcess
+
+        config = self.harness.launch(
+            ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
+        )
+        self._proc = HarnessProcess(config)
+        self._runner = TurnRunner(self.harness, self._proc, config, self._bridge, self._emit)
+        try:
+            self._proc.start()
+        except HarnessError as exc:
+            return "startup_failed", str(exc)
+        error_type, error = self._runner.startup(self.trajectory.startup_events)
+        if error_type:
+            self._stop_process()
+        return error_type, error
+
+    def _emit(self, event: HarnessEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _record(
+        self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
+    ) -> TurnRecord:
+        terminated, truncated = end_flags(result)
+        reward = 0.0
+        if self.reward_fn is not None:
+            assert self._episode_dir is not None
+            ctx = RewardContext(
+                message=message,
+                response=result.response,
+                events=result.events,
+                workspace=self._episode_dir / "workspace",
+                turn=turn,
+                error_type=result.error_type,
+                terminated=terminated,
+                truncated=truncated,
+                task=None if self._task is None else self._task.to_dict(),
+            )
+            reward = float(self.reward_fn(ctx))
+        return TurnRecord(
+            turn=turn,
+            message=message,
+            response=result.response,
+            events=result.events,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            error_type=result.error_type,
+            error=result.error,
+            started_at=started_at,
+            elapsed_s=elapsed,
+        )
+
+    def _info(
+        self, turn: int, error_type: str, error: str, events: Sequence[HarnessEvent], elapsed: float
+    ) -> dict[str, Any]:
+        proc = self._proc
+        exit_code = 0 if proc is None or proc.returncode is None else int(proc.returncode)
+        return {
+            "turn": turn,
+            "error_type": error_type,
+            "error": error,
+            "events": [e.to_dict() for e in events],
+            "tool_calls": sum(1 for e in events if e.type.value == "tool_call"),
+            "elapsed_s": float(elapsed),
+            "exit_code": exit_code,
+            "stderr_tail": "" if proc is None else proc.stderr_tail(),
+            "episode_id": self.trajectory.episode_id,
+            "task_id": "" if self._task is None else self._task.id,
+        }
+
+    def _stop_process(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+
+    def _end_episode(self) -> None:
+        self._stop_process()
+        self._proc = None
+        self._runner = None
+        if self._episode_dir is not None and not self._keep:
+            shutil.rmtree(self._episode_dir, ignore_errors=True)
+        self._episode_dir = None
+
+
+def _make_harness(harness: Harness | str, kwargs: dict[str, Any]) -> Harness:
+    if isinstance(harness, Harness):
+        if kwargs:
+            raise ConfigError(
+                f"Unknown keyword(s) {sorted(kwargs)}: HarnessEnv takes HarnessConfig fields "
+                f"{sorted(FIELD_NAMES)}; harness options go to the Harness you construct."
+            )
+        return harness
+    if not isinstance(harness, str):
+        raise ConfigError(f"harness must be a Harness or a registered name, got {harness!r}.")
+    cls = harness_class(harness)
+    params = inspect.signature(cls).parameters
+    unknown = sorted(k for k in kwargs if k not in params)
+    if unknown:
+        accepted = sorted(k for k in params if k not in ("self", "args", "kwargs"))
+        raise ConfigError(
+            f"Unknown keyword(s) {unknown} for the {harness!r} harness; it accepts {accepted}, "
+            f"and every HarnessConfig field {sorted(FIELD_NAMES)}."
+        )
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"Bad options for the {harness!r} harness: {exc}.") from exc
+
+
+def _resolve(value: Any, what: str) -> Any:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and ":" in value:
+        module_name, _, attr = value.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"Cannot import {what} {value!r}: {exc}.") from exc
+    raise ConfigError(
+        f"{what} must be a callable or an import string 'pkg.module:attr', got {value!r}."
+    )

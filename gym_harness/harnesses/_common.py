@@ -1,0 +1,172 @@
+"""Helpers shared by the adapters that drive real harness CLIs.
+
+Small on purpose; every adapter for a real CLI (Claude Code, Codex, the ACP
+agents) needs the same few things:
+
+* ``private_home_env``: HOME and the XDG directories inside the episode's
+  private ``home``, so a CLI never reads or writes the user's own config.
+* ``scrub_inherit`` / ``present``: decide which of the user's variables pass
+  through (``HarnessConfig.inherit_env`` carries names only, so a secret the
+  user already exported never lands in a config that may be recorded).
+* ``write_private``: write a config file readable by its owner only (0600):
+  bridge tokens go there or in the environment, never in argv.
+* ``json_line`` / ``parse_object``: one JSON object per line, both ways.
+* ``RpcIds``: JSON-RPC request ids and what each pending request was for.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RpcIds",
+    "json_line",
+    "parse_object",
+    "present",
+    "private_home_env",
+    "scrub_inherit",
+    "write_private",
+]
+
+
+def private_home_env(home: Path) -> dict[str, str]:
+    """Environment variables that keep a CLI's files inside ``home``.
+
+    Args:
+        home: The episode's private home directory.
+
+    Returns:
+        ``HOME`` and the XDG config/cache/data/state directories under ``home``.
+    """
+    return {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+    }
+
+
+def scrub_inherit(
+    inherit_env: Iterable[str], drop: Iterable[str] = (), add: Iterable[str] = ()
+) -> tuple[str, ...]:
+    """Return ``inherit_env`` without the names matching ``drop``, plus ``add``.
+
+    Args:
+        inherit_env: The names the config lets through.
+        drop: Names or shell patterns (``"CLAUDE_CODE_*"``) to remove; they win over ``add``.
+        add: Names to let through as well (kept once, in order).
+
+    Returns:
+        The new tuple of names.
+    """
+    patterns = tuple(drop)
+    kept: list[str] = []
+    for name in (*inherit_env, *add):
+        if name in kept or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            continue
+        kept.append(name)
+    return tuple(kept)
+
+
+def present(names: Iterable[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The subset of ``names`` set (non-empty) in ``environ`` (default ``os.environ``)."""
+    source = os.environ if environ is None else environ
+    return tuple(name for name in names if source.get(name))
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable and writable by its owner only (0600).
+
+    The mode is set at creation (and again on an existing file), so there is no
+    moment when another local user could read a token in it.
+
+    Args:
+        path: The file to write; its directory is created (0700) if missing.
+        text: The content, written as UTF-8.
+
+    Returns:
+        ``path``.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            fd = -1  # the file object owns it now
+            handle.write(text)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return path
+
+
+def json_line(obj: Mapping[str, Any]) -> str:
+    """One compact JSON line (no newline; non-ASCII kept as is)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_object(line: str) -> dict[str, Any] | None:
+    """Parse ``line`` as one JSON object; ``None`` when it is anything else."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class RpcIds:
+    """JSON-RPC request ids for one connection, and what each pending one was for.
+
+    Example:
+        >>> ids = RpcIds()
+        >>> ids.request("initialize", {"clientInfo": {"name": "x", "version": "0"}})
+        '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"clientInfo":{"name":"x","version":"0"}}}'
+        >>> ids.settle(1)
+        'initialize'
+    """
+
+    def __init__(self, *, jsonrpc: bool = True) -> None:
+        self._jsonrpc = jsonrpc
+        self._next = 1
+        self._pending: dict[int | str, str] = {}
+
+    def request(self, method: str, params: Mapping[str, Any] | None = None) -> str:
+        """A request line for ``method``; remembers its id until ``settle``."""
+        request_id = self._next
+        self._next += 1
+        self._pending[request_id] = method
+        return json_line(self._envelope(id=request_id, method=method, params=dict(params or {})))
+
+    def notification(self, method: str, params: Mapping[str, Any] | None = None) -> str:
+        """A notification line (no id, no answer expected)."""
+        message: dict[str, Any] = {"method": method}
+        if params is not None:
+            message["params"] = dict(params)
+        return json_line(self._envelope(**message))
+
+    def result(self, request_id: Any, result: Any) -> str:
+        """A response line answering the peer's request ``request_id``."""
+        return json_line(self._envelope(id=request_id, result=result))
+
+    def error(self, request_id: Any, code: int, message: str) -> str:
+        """An error response line to the peer's request ``request_id``."""
+        return json_line(self._envelope(id=request_id, error={"code": code, "message": message}))
+
+    def settle(self, request_id: Any) -> str | None:
+        """Forget a pending request; return its method, or ``None`` if it was not ours."""
+        if isinstance(request_id, int | str):
+            return self._pending.pop(request_id, None)
+        return None
+
+    def pending(self) -> dict[int | str, str]:
+        """A copy of the requests still waiting for an answer (id -> method)."""
+        return dict(self._pending)
+
+    def _envelope(self, **fields: Any) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", **fields} if self._jsonrpc else fields

@@ -1,0 +1,350 @@
+"""ClaudeCodeHarness: one long-lived ``claude -p`` process speaking stream-json.
+
+Per episode the adapter writes a private MCP config (mode 0600, in the episode's
+home; the bridge token never reaches argv) and starts::
+
+    claude -p --input-format stream-json --output-format stream-json --verbose
+           --mcp-config HOME/mcp.json --strict-mcp-config --allowedTools mcp__env__NAME,...
+
+with HOME and CLAUDE_CONFIG_DIR inside the episode's home and telemetry,
+error reporting and auto-update off. Each turn is one ``{"type":"user",...}``
+line; the ``result`` line ends it. ``claude -p`` prints nothing until the first
+message arrives, so the process counts as ready at once and the tool check
+(every env tool listed in the first ``system/init`` line, the server
+connected) happens on the first turn: a failure ends it as ``startup_failed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from gym_harness.config import HarnessConfig
+from gym_harness.events import EventType, HarnessEvent
+from gym_harness.harnesses._common import (
+    json_line,
+    parse_object,
+    present,
+    private_home_env,
+    scrub_inherit,
+    write_private,
+)
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+
+__all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness"]
+
+#: Variables that stop Claude Code phoning home (telemetry, error reports, updates).
+TELEMETRY_OFF: dict[str, str] = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+#: Provider variables let through from the user's environment when set.
+PROVIDER_VARS = (
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_MODEL",
+)
+#: Inherited variables that would make the child think it runs inside another Claude Code.
+NESTING_VARS = ("CLAUDECODE", "CLAUDE_CODE_*", "CLAUDE_CONFIG_DIR")
+
+
+class ClaudeCodeHarness(Harness):
+    """Claude Code (``claude -p``, stream-json in and out) as a harness.
+
+    Args:
+        executable: The ``claude`` command or a path to it.
+        model: ``--model`` value; ``None`` keeps Claude Code's choice (or ``ANTHROPIC_MODEL``).
+        base_url: The Anthropic-compatible endpoint (``ANTHROPIC_BASE_URL``); ``None``
+            passes the user's ``ANTHROPIC_BASE_URL`` through when set.
+        api_key_env: The variable in the user's environment holding the API key;
+            its value reaches Claude Code as ``ANTHROPIC_API_KEY``.
+            ``ANTHROPIC_AUTH_TOKEN`` passes through as well when set.
+        builtin_tools: ``True`` keeps Claude Code's built-in tools, ``False``
+            hides them all (``--tools ""``), a list keeps only those names.
+        allowed_tools: Extra ``--allowedTools`` entries (``"Bash(git *)"``, ``"Edit"``);
+            the env tools are always allowed.
+        permission_mode: ``--permission-mode`` (``"acceptEdits"`` ...); ``None`` keeps the default.
+        extra_args: More arguments, appended as given.
+
+    Example:
+        >>> import gymnasium
+        >>> env = gymnasium.make("gym_harness/ClaudeCode-v0", model="sonnet")  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "claude_code"
+    ready_on_spawn: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        executable: str = "claude",
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        builtin_tools: bool | Sequence[str] = True,
+        allowed_tools: Sequence[str] = (),
+        permission_mode: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.executable = executable
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.use_builtin_tools = (
+            builtin_tools if isinstance(builtin_tools, bool) else tuple(builtin_tools)
+        )
+        self.allowed_tools = tuple(allowed_tools)
+        self.permission_mode = permission_mode
+        self.extra_args = tuple(extra_args)
+        self._reset_state((), "env", False)
+
+    def _reset_state(self, tool_names: Sequence[str], server: str, plain: bool) -> None:
+        self.session_id: str | None = None
+        self._tool_names = tuple(tool_names)
+        self._server = server
+        self._allow_plain_text = plain
+        self._checked = False
+        self._calls: dict[str, str] = {}  # tool_use id -> name, to label results
+        self._interrupts = 0
+
+    # ----------------------------------------------------------------- launch
+
+    def mcp_config(self, ctx: EpisodeContext) -> dict[str, Any]:
+        """The ``--mcp-config`` document for ``ctx`` (holds the bridge token)."""
+        return {
+            "mcpServers": {
+                ctx.server_name: {
+                    "type": "http",
+                    "url": ctx.bridge_url,
+                    "headers": {"Authorization": f"Bearer {ctx.bridge_token}"},
+                }
+            }
+        }
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        """Write the private MCP config and return the ``claude -p`` command and environment."""
+        self._reset_state(ctx.tool_names, ctx.server_name, config.allow_plain_text)
+        mcp_path = write_private(ctx.home / "mcp.json", json.dumps(self.mcp_config(ctx)))
+        allowed = [f"mcp__{ctx.server_name}__{name}" for name in ctx.tool_names]
+        allowed += self.allowed_tools
+        command = [
+            self.executable,
+            "-p",
+            "--input-format", "stream-json",
+            "--output-format", "stream-json",
+            "--verbose",
+            "--mcp-config", str(mcp_path),
+            "--strict-mcp-config",
+        ]  # fmt: skip
+        if allowed:
+            command += ["--allowedTools", ",".join(allowed)]
+        if self.use_builtin_tools is False:
+            command += ["--tools", ""]
+        elif self.use_builtin_tools is not True:
+            command += ["--tools", ",".join(self.use_builtin_tools)]
+        if self.model:
+            command += ["--model", self.model]
+        if self.permission_mode:
+            command += ["--permission-mode", self.permission_mode]
+        command += self.extra_args
+
+        env = {
+            **private_home_env(ctx.home),
+            "CLAUDE_CONFIG_DIR": str(ctx.home / ".claude"),
+            **TELEMETRY_OFF,
+        }
+        drop: tuple[str, ...] = NESTING_VARS
+        passthrough = present(PROVIDER_VARS)
+        if ctx.model_base_url:
+            # The capture proxy stands in for the provider: no real credential reaches the CLI.
+            env["ANTHROPIC_BASE_URL"] = ctx.model_base_url
+            env["ANTHROPIC_API_KEY"] = ctx.model_api_key or ""
+            drop += ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+        else:
+            if self.base_url:
+                env["ANTHROPIC_BASE_URL"] = self.base_url
+            if self.api_key_env != "ANTHROPIC_API_KEY" and os.environ.get(self.api_key_env):
+                env["ANTHROPIC_API_KEY"] = os.environ[self.api_key_env]
+        inherit = scrub_inherit(config.inherit_env, drop=drop, add=passthrough)
+        # A user's explicit config.env wins; the nesting markers never pass through inheritance.
+        return config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+
+    # ----------------------------------------------------------------- lines out
+
+    def message_lines(self, text: str) -> list[str]:
+        """One stream-json user message."""
+        content = [{"type": "text", "text": text}]
+        return [json_line({"type": "user", "message": {"role": "user", "content": content}})]
+
+    def interrupt_lines(self) -> list[str]:
+        """The control request that stops the running turn and keeps the process."""
+        self._interrupts += 1
+        request = {"subtype": "interrupt"}
+        return [
+            json_line(
+                {
+                    "type": "control_request",
+                    "request_id": f"gym-int-{self._interrupts}",
+                    "request": request,
+                }
+            )
+        ]
+
+    # ----------------------------------------------------------------- lines in
+
+    def feed(self, line: str) -> Feed:
+        """Map one stream-json line to events; ``result`` ends the turn."""
+        if not line.strip():
+            return Feed()
+        obj = parse_object(line)
+        if obj is None:
+            if self._allow_plain_text:
+                return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
+            return Feed(
+                error_type="protocol_error", error=f"claude printed a non-JSON line: {line[:200]!r}"
+            )
+        kind = obj.get("type")
+        if kind == "system" and obj.get("subtype") == "init":
+            return self._init(obj)
+        if kind == "assistant":
+            return Feed(events=self._assistant(obj))
+        if kind == "user":
+            return Feed(events=self._tool_results(obj))
+        if kind == "result":
+            return self._result(obj)
+        return Feed(events=[HarnessEvent(EventType.OTHER, obj)])
+
+    def _init(self, obj: dict[str, Any]) -> Feed:
+        if self._checked:  # repeated before every turn; the first one was checked
+            return Feed()
+        self._checked = True
+        self.session_id = obj.get("session_id")
+        event = HarnessEvent(
+            EventType.OTHER,
+            {
+                "kind": "init",
+                "session_id": self.session_id,
+                "model": obj.get("model"),
+                "tools": obj.get("tools", []),
+                "mcp_servers": obj.get("mcp_servers", []),
+            },
+        )
+        problem = self._tool_check(obj)
+        if problem:
+            return Feed(events=[event], error_type="startup_failed", error=problem)
+        return Feed(events=[event])
+
+    def _tool_check(self, obj: dict[str, Any]) -> str:
+        servers = {
+            s.get("name"): s.get("status")
+            for s in obj.get("mcp_servers", [])
+            if isinstance(s, dict)
+        }
+        tools = set(obj.get("tools", []))
+        missing = [n for n in self._tool_names if f"mcp__{self._server}__{n}" not in tools]
+        status = servers.get(self._server)
+        if not missing and status == "connected":
+            return ""
+        return (
+            f"Claude Code did not load the env tools: MCP server {self._server!r} is "
+            f"{status or 'absent'}; missing tools {missing or 'none'} "
+            f"(expected mcp__{self._server}__NAME for {list(self._tool_names)}). "
+            "Check the bridge URL and token, and that nothing blocks 127.0.0.1."
+        )
+
+    def _short(self, name: str) -> str:
+        prefix = f"mcp__{self._server}__"
+        return name[len(prefix) :] if name.startswith(prefix) else name
+
+    def _assistant(self, obj: dict[str, Any]) -> list[HarnessEvent]:
+        events = []
+        for block in obj.get("message", {}).get("content", []) or []:
+            kind = block.get("type")
+            if kind == "text":
+                events.append(HarnessEvent(EventType.TEXT, {"text": block.get("text", "")}))
+            elif kind == "tool_use":
+                full = str(block.get("name", ""))
+                self._calls[str(block.get("id"))] = full
+                data = {
+                    "name": self._short(full),
+                    "arguments": block.get("input", {}),
+                    "id": block.get("id"),
+                }
+                if full != data["name"]:
+                    data["server"] = self._server
+                events.append(HarnessEvent(EventType.TOOL_CALL, data))
+            else:
+                events.append(
+                    HarnessEvent(EventType.OTHER, {"kind": f"assistant_{kind}", "block": block})
+                )
+        return events
+
+    def _tool_results(self, obj: dict[str, Any]) -> list[HarnessEvent]:
+        content = obj.get("message", {}).get("content", [])
+        if not isinstance(content, list):
+            return []
+        events = []
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            full = self._calls.get(str(block.get("tool_use_id")), "")
+            events.append(
+                HarnessEvent(
+                    EventType.TOOL_RESULT,
+                    {
+                        "name": self._short(full),
+                        "content": _content_text(block.get("content")),
+                        "is_error": bool(block.get("is_error", False)),
+                        "id": block.get("tool_use_id"),
+                    },
+                )
+            )
+        return events
+
+    def _result(self, obj: dict[str, Any]) -> Feed:
+        usage = dict(obj.get("usage") or {})
+        usage_data = {
+            "input_tokens": usage.get("input_tokens", 0),
+            "output_tokens": usage.get("output_tokens", 0),
+            "cache_read_input_tokens": usage.get("cache_read_input_tokens", 0),
+            "cache_creation_input_tokens": usage.get("cache_creation_input_tokens", 0),
+            "total_cost_usd": obj.get("total_cost_usd"),
+            "num_turns": obj.get("num_turns"),
+            "duration_ms": obj.get("duration_ms"),
+        }
+        events = [HarnessEvent(EventType.LLM_USAGE, usage_data)]
+        denials = obj.get("permission_denials") or []
+        if denials:
+            events.append(
+                HarnessEvent(EventType.OTHER, {"kind": "permission_denials", "denials": denials})
+            )
+        response = obj.get("result")
+        response = response if isinstance(response, str) else ""
+        if obj.get("is_error") or obj.get("subtype") != "success":
+            errors = obj.get("errors") or []
+            message = response or "; ".join(map(str, errors)) or str(obj.get("subtype"))
+            events.append(
+                HarnessEvent(EventType.ERROR, {"error_type": "harness_error", "message": message})
+            )
+            return Feed(
+                events=events,
+                turn_complete=True,
+                response=response,
+                error_type="harness_error",
+                error=f"Claude Code ended the turn with {obj.get('subtype')}: {message}",
+            )
+        return Feed(events=events, turn_complete=True, response=response)
+
+
+def _content_text(content: Any) -> str:
+    """A tool result's content as text (Claude gives a string or a list of blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
+    return "" if content is None else json.dumps(content)

@@ -1,0 +1,154 @@
+"""Line protocol v1: any command that speaks gym_harness's own JSON lines.
+
+Harness → env: ``{"type":"ready"}`` once, then per turn ``text``, ``tool_call``,
+``tool_result``, ``llm_usage`` ... and ``{"type":"turn_complete","response":...,"done":...}``.
+Env → harness: ``{"type":"message","content":...}``. The bridge's URL and token
+reach the harness as ``GYM_HARNESS_MCP_URL`` / ``GYM_HARNESS_MCP_TOKEN``.
+See ``docs/line-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, ClassVar
+
+from gym_harness.config import HarnessConfig
+from gym_harness.errors import ConfigError
+from gym_harness.events import EventType, HarnessEvent
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+
+__all__ = ["CommandHarness", "ReferenceHarness"]
+
+MCP_URL_VAR = "GYM_HARNESS_MCP_URL"
+MCP_TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
+
+_EVENT_KEYS = {
+    EventType.TEXT: ("text",),
+    EventType.TOOL_CALL: ("name", "arguments"),
+    EventType.TOOL_RESULT: ("name", "content", "is_error"),
+}
+
+
+class CommandHarness(Harness):
+    """Any command speaking line protocol v1 (``config.command``).
+
+    Example:
+        >>> import gymnasium
+        >>> env = gymnasium.make("gym_harness/Command-v0", command=["python", "my_agent.py"])
+    """
+
+    name: ClassVar[str] = "command"
+
+    def __init__(self) -> None:
+        self._plain_text = False
+        self._texts: list[str] = []
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        if not config.command:
+            raise ConfigError(
+                f"The {self.name!r} harness needs a command: pass command=['prog', 'arg', ...]."
+            )
+        self._plain_text = config.allow_plain_text
+        self._texts = []
+        env = {**config.env, MCP_URL_VAR: ctx.bridge_url, MCP_TOKEN_VAR: ctx.bridge_token}
+        return config.replace(env=env)
+
+    def message_lines(self, text: str) -> list[str]:
+        self._texts = []
+        return [json.dumps({"type": "message", "content": text})]
+
+    def feed(self, line: str) -> Feed:
+        try:
+            obj: Any = json.loads(line)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+            if self._plain_text:
+                self._texts.append(line)
+                return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
+            return Feed(
+                error_type="protocol_error",
+                error=f"expected one JSON object with a 'type' per line, got {line[:200]!r}",
+            )
+        kind = obj["type"]
+        if kind == "ready":
+            return Feed(ready=True)
+        if kind == "turn_complete":
+            response = obj.get("response")
+            if not isinstance(response, str):
+                response = "".join(self._texts)
+            data = {"response": response, "done": bool(obj.get("done", False))}
+            return Feed(
+                events=[HarnessEvent(EventType.TURN_COMPLETE, data)],
+                turn_complete=True,
+                response=response,
+                done=data["done"],
+            )
+        event_type = EventType.parse(kind)
+        if event_type is EventType.OTHER:
+            return Feed(events=[HarnessEvent(EventType.OTHER, obj)])
+        data = {k: v for k, v in obj.items() if k != "type"}
+        for key in _EVENT_KEYS.get(event_type, ()):
+            data.setdefault(key, None)
+        if event_type is EventType.TEXT and isinstance(data["text"], str):
+            self._texts.append(data["text"])
+        return Feed(events=[HarnessEvent(event_type, data)])
+
+
+class ReferenceHarness(CommandHarness):
+    """The embedded default harness, ``python -m gym_harness.agents.reference``.
+
+    Args:
+        policy: ``"scripted"`` (deterministic, no network) or ``"openai"``
+            (any OpenAI-compatible chat-completions endpoint).
+        model: Model name for the ``openai`` policy.
+        base_url: Endpoint base URL for the ``openai`` policy (else ``OPENAI_BASE_URL``).
+        api_key_env: Name of the variable holding the endpoint's key.
+        max_tool_calls: Tool calls allowed per turn (``openai`` policy).
+    """
+
+    name: ClassVar[str] = "reference"
+
+    def __init__(
+        self,
+        *,
+        policy: str = "scripted",
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_tool_calls: int = 8,
+    ) -> None:
+        super().__init__()
+        if policy not in ("scripted", "openai"):
+            raise ConfigError(f"policy must be 'scripted' or 'openai', got {policy!r}.")
+        self.policy = policy
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.max_tool_calls = max_tool_calls
+
+    def default_config(self) -> HarnessConfig:
+        command = [sys.executable, "-m", "gym_harness.agents.reference", "--policy", self.policy]
+        inherit: tuple[str, ...] = HarnessConfig().inherit_env
+        if self.policy == "openai":
+            command += ["--api-key-env", self.api_key_env]
+            command += ["--max-tool-calls", str(self.max_tool_calls)]
+            if self.model:
+                command += ["--model", self.model]
+            if self.base_url:
+                command += ["--base-url", self.base_url]
+            inherit += (self.api_key_env, "OPENAI_BASE_URL", "OPENAI_MODEL")
+        return HarnessConfig(command=command, inherit_env=inherit)
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        config = super().launch(ctx, config)
+        if self.policy == "openai" and ctx.model_base_url:
+            env = {**config.env, "OPENAI_BASE_URL": ctx.model_base_url}
+            if ctx.model_api_key:
+                env[self.api_key_env] = ctx.model_api_key
+            command = [a for a in config.command]
+            if "--base-url" in command:
+                command[command.index("--base-url") + 1] = ctx.model_base_url
+            config = config.replace(env=env, command=command)
+        return config

@@ -1,0 +1,576 @@
+"""HarnessProcess: spawn one harness, read its lines, stop its whole tree.
+
+The only place in gym_harness that starts processes. Every harness runs in its
+own session with a scrubbed environment, is tagged with a unique
+``GYM_HARNESS_MARKER`` so that stop() (and the keeper, when the owner dies) can
+find every process of its tree, even daemons re-parented to PID 1, and dies
+with its owner (see ``gym_harness._keeper``).
+
+Memory bounds: a line longer than ``max_line_bytes`` is cut while it is read
+(at most ``max_line_bytes`` of it is ever held); unread stdout lines are held up
+to ``max(4 * max_line_bytes, 1 MiB)`` bytes, after which the stdout reader stops
+reading and the harness blocks on its own writes (backpressure, not deadlock:
+we never wait on the harness's writes, and stop() releases the reader); stderr
+keeps only its last ``stderr_tail_lines`` lines, each cut at 64 KiB.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import IO, NoReturn
+
+import psutil
+
+from gym_harness import _keeper
+from gym_harness.config import HarnessConfig
+from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
+
+__all__ = ["MARKER_VAR", "SESSION_VAR", "HarnessProcess", "ProcessUsage"]
+
+#: Unique per harness; every process of its tree inherits it.
+MARKER_VAR = _keeper.MARKER_VAR
+#: Sweep tag forwarded from our environment when set (the test guard finds strays by it).
+SESSION_VAR = _keeper.SESSION_VAR
+
+_STDERR_LINE_CAP = 64 * 1024
+_MIN_QUEUE_BYTES = 1 << 20
+_DISCARD_CHUNK = 64 * 1024
+_PIPE_BUFFER = 64 * 1024
+_EXIT_CHECK_S = 0.1
+_KILL_WAIT_S = 0.5
+_JOIN_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """Resources used by a harness tree at one moment.
+
+    Args:
+        rss_bytes: Resident memory of every live process of the tree, summed.
+        cpu_seconds: User plus system CPU time of those processes.
+        num_processes: How many processes the tree has.
+    """
+
+    rss_bytes: int
+    cpu_seconds: float
+    num_processes: int
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class HarnessProcess:
+    """One harness subprocess: spawn, line I/O, readiness, and the end of its tree.
+
+    Threads: the caller's thread owns the lifecycle (``start``/``stop``, also
+    from another thread: ``stop`` is serialised by a lock) and stdin
+    (``write_line``). The stdout reader thread owns the stdout pipe (reads,
+    cuts and decodes lines, closes it at EOF) and feeds a byte-bounded queue
+    that ``read_line`` drains. The stderr reader thread owns the stderr pipe
+    and the tail. Both update ``last_activity``. All harnesses of a process
+    are forked by one shared spawner thread (``gym_harness._keeper``).
+
+    Args:
+        config: How to start, feed and stop the harness.
+
+    Raises:
+        ConfigError: ``config.command`` is empty.
+
+    Example:
+        >>> with HarnessProcess(HarnessConfig(command=["cat"])) as proc:
+        ...     proc.start()
+        ...     proc.write_line("hi")
+        ...     proc.read_line(timeout_s=5)
+        'hi'
+    """
+
+    def __init__(self, config: HarnessConfig) -> None:
+        if not config.command:
+            raise ConfigError("HarnessConfig.command is empty; give the argv to start.")
+        self.config = config
+        self._marker = uuid.uuid4().hex
+        self._state = _State.NEW
+        self._lock = threading.Lock()
+        self._stdin_lock = threading.Lock()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._stdout = _LineQueue(max(4 * config.max_line_bytes, _MIN_QUEUE_BYTES))
+        self._stderr: deque[str] = deque(maxlen=config.stderr_tail_lines)
+        self._stderr_lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+        self._last_activity = time.monotonic()
+
+    def start(self, ready: Callable[[str], bool] | None = None) -> None:
+        """Spawn the harness; return once a stdout line satisfies ``ready``.
+
+        The line that satisfies ``ready`` and every line before it are consumed
+        (dropped); later lines stay for ``read_line``.
+
+        Args:
+            ready: Predicate on each stdout line; ``None`` returns right after spawning.
+
+        Raises:
+            HarnessStartError: The command could not be started, or it exited,
+                closed its stdout or stayed silent past ``startup_timeout_s``
+                before becoming ready; nothing of it is left running. Also when
+                ``start`` is called twice.
+        """
+        with self._lock:
+            if self._state is not _State.NEW:
+                raise HarnessStartError(
+                    f"HarnessProcess.start() called on a {self._state.value} process; "
+                    "create a new HarnessProcess for each run."
+                )
+            # Under the lock, so a stop() from another thread cannot slip in before the spawn.
+            self._spawn()
+        if ready is None:
+            return
+        try:
+            self._await_ready(ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    def write_line(self, text: str, timeout_s: float | None = None) -> None:
+        """Write ``text`` and a newline to the harness's stdin (UTF-8).
+
+        Args:
+            text: One line; it should not contain a newline.
+            timeout_s: How long to wait while the pipe is full; ``None`` means
+                ``config.turn_timeout_s``.
+
+        Raises:
+            HarnessCrashed: The harness is gone or closed its stdin (or was never started).
+            TurnTimeout: The harness did not read its stdin within ``timeout_s``.
+        """
+        data = memoryview((text + "\n").encode("utf-8", "replace"))
+        limit = self.config.turn_timeout_s if timeout_s is None else timeout_s
+        deadline: float | None = None
+        with self._stdin_lock:
+            popen = self._popen
+            if self._state is not _State.RUNNING or popen is None or popen.stdin is None:
+                raise self._crashed(f"cannot write to a {self._state.value} harness")
+            fd = popen.stdin.fileno()
+            while data:
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    if deadline is None:
+                        deadline = time.monotonic() + limit
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TurnTimeout(
+                            f"Harness `{self._describe()}` did not read its stdin for "
+                            f"{limit} s; it may be stuck.",
+                            pid=popen.pid,
+                        ) from None
+                    poller = select.poll()
+                    poller.register(fd, select.POLLOUT)
+                    poller.poll(remaining * 1000)
+                except (OSError, ValueError) as exc:
+                    raise self._crashed(f"its stdin is closed ({exc})") from exc
+
+    def read_line(self, timeout_s: float) -> str | None:
+        """Return the next stdout line without its line ending, or ``None``.
+
+        ``None`` means no line came within ``timeout_s``, or ``eof`` (then at
+        once). After ``stop()`` unread lines are dropped and ``eof`` is true.
+
+        Args:
+            timeout_s: Longest wait for a line, in seconds.
+        """
+        return self._stdout.get(timeout_s)
+
+    @property
+    def eof(self) -> bool:
+        """True once stdout is closed and every line of it was read (or after ``stop``)."""
+        return self._stdout.finished
+
+    @property
+    def last_activity(self) -> float:
+        """``time.monotonic()`` of the last output on stdout or stderr (else of the spawn)."""
+        return self._last_activity
+
+    @property
+    def pid(self) -> int | None:
+        """The harness's process id; ``None`` before ``start``."""
+        return self._popen.pid if self._popen is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code (``-N`` for signal N); ``None`` while running or before ``start``."""
+        return self._popen.poll() if self._popen is not None else None
+
+    def is_alive(self) -> bool:
+        """Return True while the harness's own process runs."""
+        return self._popen is not None and self._popen.poll() is None
+
+    def stderr_tail(self) -> str:
+        """Return the last ``stderr_tail_lines`` lines of stderr, joined by newlines."""
+        with self._stderr_lock:
+            return "\n".join(self._stderr)
+
+    def usage(self) -> ProcessUsage:
+        """Return the summed memory and CPU of every live process of the tree."""
+        rss, cpu, count = 0, 0.0, 0
+        for proc in self._tree().values():
+            try:
+                with proc.oneshot():
+                    if proc.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    rss += proc.memory_info().rss
+                    times = proc.cpu_times()
+                    cpu += times.user + times.system
+                    count += 1
+            except psutil.Error:
+                continue
+        return ProcessUsage(rss_bytes=rss, cpu_seconds=cpu, num_processes=count)
+
+    def stop(self) -> None:
+        """End the whole tree: SIGTERM, ``stop_grace_s``, SIGKILL, reap, close.
+
+        Reaches the process group, descendants that called setsid and orphans
+        carrying this harness's marker. Idempotent, never raises, and returns
+        within about ``stop_grace_s`` + 1 s.
+        """
+        with self._lock:
+            if self._state is _State.STOPPED:
+                return
+            self._state = _State.STOPPED
+            self._stdout.close()  # releases a reader blocked on a full queue
+            popen = self._popen
+            if popen is not None:
+                # stop() never raises; whatever survives an error dies with the keeper's sweep.
+                with contextlib.suppress(psutil.Error, OSError, subprocess.SubprocessError):
+                    self._end_tree(popen)
+                deadline = time.monotonic() + _JOIN_S
+                for thread in self._readers:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+                if self._stdin_lock.acquire(timeout=_JOIN_S) and popen.stdin is not None:
+                    try:
+                        popen.stdin.close()
+                    except OSError:
+                        pass
+                    finally:
+                        self._stdin_lock.release()
+            _live.discard(self)
+            _keeper.keeper.remove(self._marker)
+
+    def __enter__(self) -> HarnessProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<HarnessProcess {self._describe()!r} pid={self.pid} {self._state.value}>"
+
+    # -- start -------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        env = {name: os.environ[name] for name in self.config.inherit_env if name in os.environ}
+        env.update(self.config.env)
+        if SESSION_VAR in os.environ:
+            env[SESSION_VAR] = os.environ[SESSION_VAR]
+        env[MARKER_VAR] = self._marker
+        self._state = _State.STOPPED  # until the spawn succeeds
+        argv = self._resolve(env)
+        try:
+            _keeper.keeper.add(self._marker)
+            popen = _keeper.spawn(argv, env=env, cwd=self.config.cwd, bufsize=_PIPE_BUFFER)
+        except OSError as exc:
+            _keeper.keeper.remove(self._marker)
+            raise HarnessStartError(
+                f"Could not start harness `{self._describe()}`: {exc}. "
+                "Check the command, its cwd and its permissions."
+            ) from exc
+        assert popen.stdin is not None
+        self._popen = popen
+        self._state = _State.RUNNING
+        _live.add(self)
+        # The marker is registered already; the pid only lets the keeper kill the group too.
+        with contextlib.suppress(OSError):
+            _keeper.keeper.add(self._marker, popen.pid)
+        os.set_blocking(popen.stdin.fileno(), False)
+        self._last_activity = time.monotonic()
+        self._readers = [
+            _reader(self._pump_stdout, popen.stdout, "stdout"),
+            _reader(self._pump_stderr, popen.stderr, "stderr"),
+        ]
+
+    def _resolve(self, env: dict[str, str]) -> list[str]:
+        exe, *args = self.config.command
+        if os.sep in exe:
+            full = os.path.join(self.config.cwd or os.getcwd(), exe)
+            found = full if os.access(full, os.X_OK) else None
+        else:
+            found = shutil.which(exe, path=env.get("PATH", os.defpath))
+        if found is None:
+            raise HarnessStartError(
+                f"Cannot start harness `{self._describe()}`: `{exe}` is not an executable "
+                f"on the harness's PATH ({env.get('PATH', os.defpath)}) or relative to its cwd. "
+                "Install it, give its absolute path, or pass PATH via inherit_env/env."
+            )
+        return [os.path.abspath(found), *args]
+
+    def _await_ready(self, ready: Callable[[str], bool]) -> None:
+        assert self._popen is not None
+        timeout = self.config.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            # Sliced so an exit is noticed even while a descendant holds stdout open.
+            line = self._stdout.get(min(remaining, _EXIT_CHECK_S))
+            if line is not None:
+                if ready(line):
+                    return
+            elif self._stdout.finished or self._popen.poll() is not None:
+                self._fail_start()
+        self._fail_start(f"did not become ready within {timeout} s (startup_timeout_s)")
+
+    def _fail_start(self, what: str | None = None) -> NoReturn:
+        assert self._popen is not None
+        pid = self._popen.pid
+        try:
+            code = self._popen.wait(timeout=_EXIT_CHECK_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        if what is None:
+            what = (
+                f"exited with code {code} during startup"
+                if code is not None
+                else "closed its stdout during startup"
+            )
+        self.stop()
+        tail = self.stderr_tail()
+        raise HarnessStartError(
+            f"Harness `{self._describe()}` (pid {pid}) {what}, before printing a ready line; "
+            "it was stopped. See its stderr tail; run the command by hand in its cwd "
+            "to reproduce, or raise startup_timeout_s if it is just slow.",
+            exit_code=code,
+            stderr_tail=tail,
+            pid=pid,
+        )
+
+    # -- readers -----------------------------------------------------------
+
+    def _pump_stdout(self, stream: IO[bytes]) -> None:
+        try:
+            for text, size in _lines(stream, self.config.max_line_bytes):
+                self._last_activity = time.monotonic()
+                self._stdout.put(text, size)
+        finally:
+            self._stdout.end()
+
+    def _pump_stderr(self, stream: IO[bytes]) -> None:
+        for text, _ in _lines(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
+            self._last_activity = time.monotonic()
+            with self._stderr_lock:
+                self._stderr.append(text)
+
+    # -- stop --------------------------------------------------------------
+
+    def _tree(self) -> dict[int, psutil.Process]:
+        """Snapshot the root, its descendants and every process carrying our marker."""
+        procs: dict[int, psutil.Process] = {}
+        popen = self._popen
+        # Once reaped, the root's pid may belong to a stranger: trust the marker alone.
+        if popen is not None and popen.poll() is None:
+            try:
+                root = psutil.Process(popen.pid)
+                procs[root.pid] = root
+                procs.update((child.pid, child) for child in root.children(recursive=True))
+            except psutil.Error:
+                pass
+        for pid in _keeper.marked_pids([self._marker]):
+            try:
+                procs.setdefault(pid, psutil.Process(pid))
+            except psutil.Error:
+                continue
+        return procs
+
+    def _end_tree(self, popen: subprocess.Popen[bytes]) -> None:
+        for sig, wait_s in (
+            (signal.SIGTERM, self.config.stop_grace_s),
+            (signal.SIGKILL, _KILL_WAIT_S),
+        ):
+            procs = self._tree()
+            if popen.poll() is None:
+                _signal_group(popen.pid, sig)
+            for proc in procs.values():
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    continue
+            _wait_gone(popen, procs.values(), wait_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=_KILL_WAIT_S)
+
+    def _crashed(self, what: str) -> HarnessCrashed:
+        return HarnessCrashed(
+            f"Harness `{self._describe()}` {what}; it has exited or is exiting. "
+            "Start a new HarnessProcess.",
+            exit_code=self.returncode,
+            stderr_tail=self.stderr_tail(),
+            pid=self.pid,
+        )
+
+    def _describe(self) -> str:
+        text = shlex.join(self.config.command)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _LineQueue:
+    """Lines from the stdout reader to the caller, holding at most ``max_bytes`` unread."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._writable = threading.Condition(self._lock)
+        self._items: deque[tuple[str, int]] = deque()
+        self._bytes = 0
+        self._ended = False  # the writer reached EOF
+        self._closed = False  # the consumer is gone: drop everything
+
+    @property
+    def finished(self) -> bool:
+        with self._lock:
+            return self._closed or (self._ended and not self._items)
+
+    def put(self, text: str, size: int) -> None:
+        with self._lock:
+            # Always admit one line, however large, so a cut line never blocks forever.
+            while self._items and self._bytes + size > self._max and not self._closed:
+                self._writable.wait()
+            if self._closed:
+                return
+            self._items.append((text, size))
+            self._bytes += size
+            self._readable.notify()
+
+    def get(self, timeout_s: float) -> str | None:
+        with self._lock:
+            if not self._items:
+                deadline = time.monotonic() + timeout_s
+                while not self._items and not self._ended and not self._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self._readable.wait(remaining)
+                if not self._items:
+                    return None
+            text, size = self._items.popleft()
+            self._bytes -= size
+            self._writable.notify()
+            return text
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
+            self._readable.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._items.clear()
+            self._bytes = 0
+            self._readable.notify_all()
+            self._writable.notify_all()
+
+
+def _lines(stream: IO[bytes], limit: int) -> Iterator[tuple[str, int]]:
+    """Yield (text, bytes held) per line; cut lines past ``limit`` bytes while reading.
+
+    Closes ``stream`` at EOF or on a read error (the reader thread owns it).
+    """
+    with stream:
+        try:
+            while raw := stream.readline(limit + 1):
+                size = len(raw)
+                if size > limit and not raw.endswith(b"\n"):
+                    cut = 1
+                    while rest := stream.readline(_DISCARD_CHUNK):
+                        if rest.endswith(b"\n"):
+                            cut += len(rest) - 1
+                            break
+                        cut += len(rest)
+                    text = raw[:limit].decode("utf-8", "replace")
+                    yield f"{text} …[cut {cut} bytes]", limit
+                    continue
+                if raw.endswith(b"\n"):
+                    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+                yield raw.decode("utf-8", "replace"), size
+        except (OSError, ValueError):
+            return  # the pipe broke or was closed under us: that is EOF
+
+
+def _reader(
+    target: Callable[[IO[bytes]], None], stream: IO[bytes] | None, name: str
+) -> threading.Thread:
+    assert stream is not None
+    thread = threading.Thread(
+        target=target, args=(stream,), name=f"gym-harness-{name}", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+
+
+def _wait_gone(
+    popen: subprocess.Popen[bytes], procs: Iterable[psutil.Process], timeout_s: float
+) -> None:
+    """Wait until every process in ``procs`` is gone or a zombie (reaping ours)."""
+    pending = list(procs)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
+        popen.poll()  # reap the root so it does not linger as a zombie
+        pending = [p for p in pending if _running(p)]
+        remaining = deadline - time.monotonic()
+        if not pending or remaining <= 0:
+            return
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.02)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+_live: weakref.WeakSet[HarnessProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for proc in list(_live):
+        proc.stop()

@@ -1,0 +1,49 @@
+"""The env ids gym_harness registers with gymnasium (import is cheap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium
+
+__all__ = ["register_envs"]
+
+_DATA = Path(__file__).resolve().parent / "data"
+_ENTRY = "gym_harness.env:HarnessEnv"
+_VECTOR = "gym_harness.vector:make_vector_env"
+
+#: id -> (kwargs, max_episode_steps, nondeterministic)
+ENV_IDS: dict[str, tuple[dict[str, object], int | None, bool]] = {
+    "gym_harness/Reference-v0": (
+        {
+            "harness": "reference",
+            "tools": "gym_harness.demo:DEMO_TOOLS",
+            "tasks": str(_DATA / "demo_tasks.jsonl"),
+            "reward_fn": "gym_harness.demo:demo_reward",
+        },
+        20,
+        True,  # replies are deterministic, but info carries timings and episode ids
+    ),
+    "gym_harness/Command-v0": ({"harness": "command"}, None, True),
+    "gym_harness/ClaudeCode-v0": ({"harness": "claude_code"}, None, True),
+    "gym_harness/Codex-v0": ({"harness": "codex"}, None, True),
+    "gym_harness/OpenCode-v0": ({"harness": "opencode"}, None, True),
+    "gym_harness/QwenCode-v0": ({"harness": "qwen_code"}, None, True),
+    "gym_harness/GeminiCLI-v0": ({"harness": "gemini_cli"}, None, True),
+    "gym_harness/ACP-v0": ({"harness": "acp"}, None, True),
+}
+
+
+def register_envs() -> None:
+    """Register every gym_harness env id (idempotent)."""
+    for env_id, (kwargs, max_steps, nondeterministic) in ENV_IDS.items():
+        if env_id in gymnasium.registry:
+            continue
+        gymnasium.register(
+            id=env_id,
+            entry_point=_ENTRY,
+            vector_entry_point=_VECTOR,
+            kwargs=kwargs,
+            max_episode_steps=max_steps,
+            nondeterministic=nondeterministic,
+        )

@@ -1,0 +1,132 @@
+"""Tasks: what an episode is about, and the files its workspace starts with.
+
+A task is ``{"id", "prompt", "files"?, "meta"?}``; a task list is a list of
+such dicts or a JSONL file of them. ``files`` maps a relative path to text
+content written into the episode's fresh workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gym_harness.errors import ConfigError
+
+__all__ = ["Task", "load_tasks"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task.
+
+    Args:
+        id: Unique id within its task list.
+        prompt: The first observation of an episode on this task.
+        files: Relative path -> text content, written into the workspace at reset.
+        meta: Anything else (expected answers for the reward, tags ...).
+    """
+
+    id: str
+    prompt: str = ""
+    files: Mapping[str, str] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "task") -> Task:
+        """Validate and build a task.
+
+        Raises:
+            ConfigError: A field is missing or has the wrong type; ``where`` says which task.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected an object with 'id' and 'prompt', got {data!r}.")
+        unknown = sorted(set(data) - {"id", "prompt", "files", "meta"})
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {unknown}; allowed: id, prompt, files, meta.")
+        task_id, prompt = data.get("id"), data.get("prompt", "")
+        files, meta = data.get("files") or {}, data.get("meta") or {}
+        if not isinstance(task_id, str | int) or isinstance(task_id, bool) or task_id == "":
+            raise ConfigError(f"{where}: 'id' must be a non-empty string, got {task_id!r}.")
+        if not isinstance(prompt, str):
+            raise ConfigError(f"{where}: 'prompt' must be a string, got {prompt!r}.")
+        if not isinstance(files, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+        ):
+            raise ConfigError(f"{where}: 'files' must map relative paths to text contents.")
+        for path in files:
+            _check_relative(path, where)
+        if not isinstance(meta, Mapping):
+            raise ConfigError(f"{where}: 'meta' must be an object, got {meta!r}.")
+        return cls(id=str(task_id), prompt=prompt, files=dict(files), meta=dict(meta))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the task as a JSON-ready dict."""
+        return {
+            "id": self.id,
+            "prompt": self.prompt,
+            "files": dict(self.files),
+            "meta": dict(self.meta),
+        }
+
+    def write_files(self, workspace: Path) -> None:
+        """Write ``files`` under ``workspace`` (parents created)."""
+        for rel, content in self.files.items():
+            path = workspace / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content, encoding="utf-8")
+
+
+def _check_relative(path: str, where: str) -> None:
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts or "\\" in path:
+        raise ConfigError(
+            f"{where}: file path {path!r} must be relative and stay inside the workspace."
+        )
+
+
+def load_tasks(
+    spec: Sequence[Mapping[str, Any]] | str | os.PathLike[str] | None,
+) -> tuple[Task, ...]:
+    """Load tasks from a list of dicts or a JSONL file.
+
+    Args:
+        spec: A list of task dicts, a path to a JSONL file, or ``None`` for no tasks.
+
+    Returns:
+        The tasks, in order.
+
+    Raises:
+        ConfigError: The file is missing or unreadable, a line is not JSON, a task is
+            invalid, or two tasks share an id.
+    """
+    if spec is None:
+        return ()
+    if isinstance(spec, str | os.PathLike):
+        path = Path(spec)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"Cannot read tasks file {str(path)!r}: {exc.strerror}.") from exc
+        items: list[tuple[str, object]] = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                items.append((f"{path}:{number}", json.loads(line)))
+            except ValueError as exc:
+                raise ConfigError(f"{path}:{number}: not valid JSON ({exc}).") from exc
+    elif isinstance(spec, Sequence):
+        items = [(f"tasks[{i}]", item) for i, item in enumerate(spec)]
+    else:
+        raise ConfigError(f"tasks must be a list of dicts or a JSONL path, got {spec!r}.")
+    tasks = tuple(Task.from_dict(item, where) for where, item in items)
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise ConfigError(f"Two tasks have the id {task.id!r}; task ids must be unique.")
+        seen.add(task.id)
+    return tasks

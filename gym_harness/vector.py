@@ -1,0 +1,50 @@
+"""Vector envs over harnesses: gymnasium's AsyncVectorEnv, set up for text.
+
+``gymnasium.make_vec(id, num_envs=N)`` uses this as the registered
+``vector_entry_point``: one worker process per env, ``shared_memory=False``
+(gymnasium's shared-memory buffers cannot carry unbounded text observations).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gymnasium
+from gymnasium.vector import AsyncVectorEnv
+
+__all__ = ["make_vector_env"]
+
+
+def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
+    from gym_harness.env import HarnessEnv
+
+    env: gymnasium.Env[Any, Any] = HarnessEnv(**env_kwargs)
+    if max_episode_steps is not None:
+        env = gymnasium.wrappers.TimeLimit(env, max_episode_steps)
+    return env
+
+
+def make_vector_env(
+    num_envs: int = 1,
+    *,
+    max_episode_steps: int | None = None,
+    context: str | None = None,
+    **env_kwargs: Any,
+) -> AsyncVectorEnv:
+    """Build an ``AsyncVectorEnv`` of ``num_envs`` ``HarnessEnv``s.
+
+    Args:
+        num_envs: How many sub-envs (one worker process each).
+        max_episode_steps: Truncate episodes after this many turns.
+        context: The multiprocessing start method (``"spawn"``, ``"forkserver"``, ...).
+        **env_kwargs: Passed to every ``HarnessEnv``.
+
+    Returns:
+        The vector env (``shared_memory=False``, next-step autoreset).
+
+    Example:
+        >>> envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=4)  # doctest: +SKIP
+    """
+    make = functools.partial(_make_one, env_kwargs, max_episode_steps)
+    return AsyncVectorEnv([make] * num_envs, shared_memory=False, context=context)

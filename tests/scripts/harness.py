@@ -1,0 +1,135 @@
+"""A fake harness for tests/test_process*.py; the first argument picks its behaviour.
+
+echo          print {"type":"ready"}, then echo each stdin line; "err:X" goes to stderr as X
+never_ready   print chatter but never the ready line
+exit_early    write a message to stderr and exit 3 during startup
+crash         ready; on the first line print part of a reply and exit 3
+ignore_term   ready, ignore SIGTERM, echo
+family        ready; fork a child, a setsid grandchild and a double-forked daemon; print
+              {"pids": [...]} with every pid of the family
+flood         ready; on a line, write 50 MB to stdout and to stderr at once, then "done"
+bad_utf8      ready; invalid UTF-8 lines on stdout and stderr, then "after"
+long_line     ready; one 20 MB line, then "after"
+close_stdout  ready; on a line, close stdout and keep running
+env           ready; print {"env": environment, "cwd": working directory}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+MB = 1024 * 1024
+out = sys.stdout.buffer
+
+
+def say(data: bytes) -> None:
+    out.write(data + b"\n")
+    out.flush()
+
+
+def ready() -> None:
+    say(b'{"type":"ready"}')
+
+
+def linger() -> None:
+    time.sleep(120)  # bounded: the tests stop us long before this
+    os._exit(0)
+
+
+def echo() -> None:
+    for line in sys.stdin:
+        if line.startswith("err:"):
+            sys.stderr.write(line[4:])
+            sys.stderr.flush()
+        else:
+            out.write(line.encode())
+            out.flush()
+
+
+def family() -> None:
+    pids = [os.getpid()]
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:  # child, same process group
+        if os.fork() == 0:  # grandchild in its own session
+            os.setsid()
+            os.write(write_end, f"{os.getpid()}\n".encode())
+            linger()
+        if os.fork() == 0:  # double fork: the daemon is re-parented to PID 1
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.write(write_end, f"{os.getpid()}\n".encode())
+                linger()
+            os._exit(0)
+        os.write(write_end, f"{os.getpid()}\n".encode())
+        linger()
+    with os.fdopen(read_end) as reader:
+        pids += [int(reader.readline()) for _ in range(3)]
+    ready()
+    say(json.dumps({"pids": pids}).encode())
+    linger()
+
+
+def flood() -> None:
+    sys.stdin.readline()
+    chunk = b"x" * 1023 + b"\n"
+    err = threading.Thread(target=lambda: [os.write(2, chunk * 64) for _ in range(50 * 16)])
+    err.start()
+    for _ in range(50 * MB // len(chunk)):
+        out.write(chunk)
+    out.flush()
+    err.join()
+    say(b"done")
+    echo()
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "never_ready":
+        say(b"starting...")
+        linger()
+    if mode == "exit_early":
+        sys.stderr.write("fatal: ANTHROPIC_API_KEY is not set\n")
+        sys.exit(3)
+    if mode == "family":
+        family()
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready()
+    if mode == "crash":
+        sys.stdin.readline()
+        say(b'{"type":"text","text":"half a rep')
+        os._exit(3)
+    elif mode == "flood":
+        flood()
+    elif mode == "bad_utf8":
+        say(b"bad \xff\xfe here \xc3(")
+        os.write(2, b"err \xff\xfe\n")
+        say(b"after")
+        echo()
+    elif mode == "long_line":
+        for _ in range(20):
+            out.write(b"y" * MB)
+        say(b"")
+        say(b"after")
+        echo()
+    elif mode == "close_stdout":
+        sys.stdin.readline()
+        os.close(1)
+        linger()
+    elif mode == "env":
+        say(json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}).encode())
+        echo()
+    else:
+        echo()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""ClaudeCodeHarness: the adapter offline (argv, env, files, line mapping) and the
+real ``claude`` CLI through HarnessEnv against the scripted model server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cli_support import cli_path
+from model_server import ScriptedModelServer, Stall
+
+from gym_harness import HarnessEnv
+from gym_harness.config import HarnessConfig
+from gym_harness.events import EventType
+from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses.claude_code import ClaudeCodeHarness
+
+TOKEN = "bridge-secret-token"
+
+
+def make_ctx(tmp_path: Path, **changes: Any) -> EpisodeContext:
+    (tmp_path / "home").mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    fields: dict[str, Any] = {
+        "episode_id": "ep1",
+        "workspace": tmp_path / "ws",
+        "home": tmp_path / "home",
+        "bridge_url": "http://127.0.0.1:9/mcp",
+        "bridge_token": TOKEN,
+        "tool_names": ("add", "echo"),
+        **changes,
+    }
+    return EpisodeContext(**fields)
+
+
+# ---------------------------------------------------------------- offline: launch
+
+
+def test_launch_keeps_the_token_off_argv_in_a_private_file(tmp_path: Path) -> None:
+    harness = ClaudeCodeHarness(executable="claude", model="m1")
+    config = harness.launch(make_ctx(tmp_path), HarnessConfig())
+    assert not any(TOKEN in arg for arg in config.command)
+    assert not any(TOKEN in value for value in config.env.values())
+    mcp_file = Path(config.command[config.command.index("--mcp-config") + 1])
+    assert stat.S_IMODE(mcp_file.stat().st_mode) == 0o600
+    server = json.loads(mcp_file.read_text())["mcpServers"]["env"]
+    assert server == {
+        "type": "http",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": {"Authorization": f"Bearer {TOKEN}"},
+    }
+    assert "--strict-mcp-config" in config.command
+    allowed = config.command[config.command.index("--allowedTools") + 1]
+    assert allowed.split(",") == ["mcp__env__add", "mcp__env__echo"]
+    assert config.command[config.command.index("--model") + 1] == "m1"
+    assert "--tools" not in config.command  # built-in tools on by default
+
+
+def test_launch_env_is_private_and_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAUDECODE", "1")
+    monkeypatch.setenv("CLAUDE_CODE_ENTRYPOINT", "cli")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "user-key")
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    ctx = make_ctx(tmp_path)
+    inherit = (*HarnessConfig().inherit_env, "CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT")
+    config = ClaudeCodeHarness().launch(ctx, HarnessConfig(inherit_env=inherit))
+    assert config.env["HOME"] == str(ctx.home)
+    assert config.env["CLAUDE_CONFIG_DIR"] == str(ctx.home / ".claude")
+    for name in ("DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER", "DISABLE_ERROR_REPORTING"):
+        assert config.env[name] == "1"
+    assert config.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert "CLAUDECODE" not in config.inherit_env
+    assert "CLAUDE_CODE_ENTRYPOINT" not in config.inherit_env
+    assert "ANTHROPIC_API_KEY" in config.inherit_env  # by name: the value is not copied
+    assert "ANTHROPIC_API_KEY" not in config.env
+
+
+def test_launch_uses_the_capture_proxy_instead_of_the_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "user-key")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "user-token")
+    ctx = make_ctx(tmp_path, model_base_url="http://127.0.0.1:7/", model_api_key="proxy-key")
+    harness = ClaudeCodeHarness(base_url="http://127.0.0.1:8/")
+    config = harness.launch(ctx, HarnessConfig())
+    assert config.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:7/"
+    assert config.env["ANTHROPIC_API_KEY"] == "proxy-key"
+    assert "ANTHROPIC_AUTH_TOKEN" not in config.inherit_env
+    assert "ANTHROPIC_API_KEY" not in config.inherit_env
+
+
+def test_builtin_tools_off_and_selected(tmp_path: Path) -> None:
+    off = ClaudeCodeHarness(builtin_tools=False).launch(make_ctx(tmp_path), HarnessConfig())
+    assert off.command[off.command.index("--tools") + 1] == ""
+    some = ClaudeCodeHarness(builtin_tools=["Read", "Bash"]).launch(
+        make_ctx(tmp_path), HarnessConfig()
+    )
+    assert some.command[some.command.index("--tools") + 1] == "Read,Bash"
+
+
+# ---------------------------------------------------------------- offline: feed
+
+
+def init_line(tools: list[str], status: str = "connected") -> str:
+    return json.dumps(
+        {
+            "type": "system",
+            "subtype": "init",
+            "session_id": "s1",
+            "tools": ["Bash", *tools],
+            "mcp_servers": [{"name": "env", "status": status}],
+        }
+    )
+
+
+def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
+    harness = ClaudeCodeHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    assert harness.feed(init_line(["mcp__env__add", "mcp__env__echo"])).error_type == ""
+    assert harness.session_id == "s1"
+    call = harness.feed(
+        json.dumps(
+            {
+                "type": "assistant",
+                "message": {
+                    "content": [
+                        {"type": "text", "text": "calling"},
+                        {"type": "tool_use", "id": "t1", "name": "mcp__env__add", "input": {"a": 1}},
+                    ]
+                },
+            }
+        )
+    )
+    assert [e.type for e in call.events] == [EventType.TEXT, EventType.TOOL_CALL]
+    assert call.events[1].data["name"] == "add"
+    assert call.events[1].data["arguments"] == {"a": 1}
+    result = harness.feed(
+        json.dumps(
+            {
+                "type": "user",
+                "message": {
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]
+                },
+            }
+        )
+    )
+    assert result.events[0].type is EventType.TOOL_RESULT
+    assert result.events[0].data == {"name": "add", "content": "2", "is_error": False, "id": "t1"}
+    end = harness.feed(
+        json.dumps(
+            {
+                "type": "result",
+                "subtype": "success",
+                "is_error": False,
+                "result": "done",
+                "usage": {"input_tokens": 3, "output_tokens": 4},
+            }
+        )
+    )
+    assert end.turn_complete and end.response == "done" and not end.error_type
+    assert end.events[0].type is EventType.LLM_USAGE
+    assert end.events[0].data["output_tokens"] == 4
+
+
+def test_feed_reports_missing_env_tools_as_startup_failed(tmp_path: Path) -> None:
+    harness = ClaudeCodeHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    feed = harness.feed(init_line([], status="failed"))
+    assert feed.error_type == "startup_failed"
+    assert "add" in feed.error and "echo" in feed.error and "failed" in feed.error
+
+
+def test_feed_error_result_is_an_outcome(tmp_path: Path) -> None:
+    harness = ClaudeCodeHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    line = {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500"}
+    feed = harness.feed(json.dumps(line))
+    assert feed.turn_complete
+    assert feed.error_type == "harness_error"
+    assert "API Error: 500" in feed.error
+
+
+def test_feed_non_json_is_a_protocol_error(tmp_path: Path) -> None:
+    harness = ClaudeCodeHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    assert harness.feed("not json").error_type == "protocol_error"
+    assert harness.feed("").error_type == ""
+
+
+def test_interrupt_line_is_a_control_request() -> None:
+    (line,) = ClaudeCodeHarness().interrupt_lines()
+    obj = json.loads(line)
+    assert obj["type"] == "control_request"
+    assert obj["request"] == {"subtype": "interrupt"}
+
+
+# ---------------------------------------------------------------- the real CLI
+
+
+class Calls:
+    """Env tools that record their calls (asserted on the tool's side)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def tools(self) -> list[Any]:
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            with self.lock:
+                self.seen.append((a, b))
+            return a + b
+
+        return [add]
+
+
+@pytest.fixture
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")  # passed through by name
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    with ScriptedModelServer(tool="add", arguments={"a": 20, "b": 22}) as srv:
+        yield srv
+
+
+def claude_env(model: ScriptedModelServer, calls: Calls, **kwargs: Any) -> HarnessEnv:
+    kwargs.setdefault("turn_timeout_s", 60)
+    kwargs.setdefault("idle_timeout_s", 30)
+    harness = kwargs.pop("harness", None) or ClaudeCodeHarness(
+        executable=cli_path("claude"), model="scripted-model", base_url=model.base_url
+    )
+    return HarnessEnv(harness, tools=calls.tools(), **kwargs)
+
+
+def last_headers(model: ScriptedModelServer) -> dict[str, str]:
+    return dict(model.requests("anthropic")[-1].headers)
+
+
+def user_texts(body: dict[str, Any]) -> str:
+    return json.dumps(body.get("messages", []))
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
+    calls = Calls()
+    env = claude_env(model, calls)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == "", info
+        reply, _, terminated, truncated, info = env.step("please add the numbers")
+        assert info["error_type"] == "", info
+        assert calls.seen == [(20, 22)]
+        assert "42" in reply
+        assert not terminated and not truncated
+        assert info["tool_calls"] == 1
+        kinds = [e["type"] for e in info["events"]]
+        assert "tool_call" in kinds and "tool_result" in kinds and "llm_usage" in kinds
+
+        reply2, _, terminated, truncated, info = env.step("second message")
+        assert info["error_type"] == "", info
+        assert "second message" in reply2
+        last = model.requests("anthropic")[-1].body
+        assert "please add the numbers" in user_texts(last)
+        assert "second message" in user_texts(last)
+        assert calls.seen == [(20, 22)]
+        assert last_headers(model)["x-api-key"] == "test-key"
+    finally:
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
+    env = claude_env(model, Calls(), turn_timeout_s=6, idle_timeout_s=3)
+    try:
+        env.reset()
+        model.enqueue(Stall())
+        _, _, terminated, truncated, info = env.step("hello")
+        assert truncated and not terminated
+        assert info["error_type"] in ("idle_timeout", "turn_timeout")
+    finally:
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
+    env = claude_env(model, Calls())
+    try:
+        env.reset()
+        assert env.process is not None and env.process.pid is not None
+        pid = env.process.pid
+        model.stall()
+        killer = threading.Thread(
+            target=lambda: model.wait_stalled(1, timeout=30) and os.kill(pid, signal.SIGKILL)
+        )
+        killer.start()
+        _, _, terminated, truncated, info = env.step("hello")
+        killer.join(timeout=35)
+        assert terminated and not truncated
+        assert info["error_type"] == "harness_crashed"
+    finally:
+        model.release()
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_close_leaves_no_process(model: ScriptedModelServer) -> None:
+    env = claude_env(model, Calls())
+    env.reset()
+    env.step("hello")
+    assert env.process is not None
+    tree = [env.process.pid, *(p.pid for p in psutil.Process(env.process.pid).children(True))]
+    env.close()
+    for pid in tree:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+class WrongTokenClaude(ClaudeCodeHarness):
+    """Test-only: writes an MCP config the bridge rejects."""
+
+    def mcp_config(self, ctx: EpisodeContext) -> dict[str, Any]:
+        config = super().mcp_config(ctx)
+        config["mcpServers"][ctx.server_name]["headers"]["Authorization"] = "Bearer wrong"
+        return config
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_broken_mcp_config_fails_as_startup_failed(model: ScriptedModelServer) -> None:
+    harness = WrongTokenClaude(
+        executable=cli_path("claude"), model="scripted-model", base_url=model.base_url
+    )
+    env = claude_env(model, Calls(), harness=harness)
+    try:
+        env.reset()
+        _, _, terminated, _, info = env.step("please add")
+        assert terminated
+        assert info["error_type"] == "startup_failed"
+        assert "add" in info["error"]
+    finally:
+        env.close()

@@ -1,0 +1,105 @@
+"""HarnessProcess ends whole process trees: on stop(), on the owner's death, and over many cycles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_process import SCRIPT, config, is_ready, running, wait_gone
+
+from gym_harness import _keeper
+from gym_harness.config import HarnessConfig
+from gym_harness.process import HarnessProcess
+
+OWNER = Path(__file__).parent / "scripts" / "owner.py"
+ROOT = Path(__file__).parent.parent
+
+
+def start_family(proc: HarnessProcess) -> list[int]:
+    proc.start(is_ready)
+    pids: list[int] = json.loads(proc.read_line(timeout_s=10) or "{}")["pids"]
+    assert len(pids) == 4 and all(running(pid) for pid in pids)
+    return pids
+
+
+def test_stop_ends_group_setsid_grandchild_and_daemon() -> None:
+    proc = HarnessProcess(config("family", stop_grace_s=0.5))
+    pids = start_family(proc)
+    harness, _child, grandchild, daemon = pids
+    assert psutil.Process(grandchild).ppid() != harness  # re-parented or in another session
+    assert psutil.Process(daemon).ppid() != harness
+    assert proc.usage().num_processes == 4
+    proc.stop()
+    assert wait_gone(pids) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_family_dies_with_its_owner(sig: signal.Signals) -> None:
+    """The owner dies without stop(): SIGKILL, or SIGTERM as close(terminate=True) sends."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    owner = subprocess.Popen(
+        [sys.executable, str(OWNER)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert owner.stdout is not None
+        report = json.loads(owner.stdout.readline())
+        pids = [*report["family"], report["keeper"]]
+        assert all(running(pid) for pid in pids)
+    finally:
+        owner.send_signal(sig)
+        owner.wait(timeout=10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+    assert owner.returncode == -sig
+    assert wait_gone(pids, timeout_s=2.0) == []
+
+
+def test_keeper_lives_only_while_a_harness_does() -> None:
+    first, second = HarnessProcess(config("echo")), HarnessProcess(config("echo"))
+    first.start(is_ready)
+    second.start(is_ready)
+    keeper = _keeper.keeper.pid
+    assert keeper is not None and running(keeper)
+    first.stop()
+    assert _keeper.keeper.pid == keeper and running(keeper)
+    second.stop()
+    assert _keeper.keeper.pid is None and not running(keeper)
+
+
+def _open_fds_and_threads() -> tuple[int, int]:
+    return psutil.Process().num_fds(), threading.active_count()
+
+
+@pytest.mark.timeout(120)
+def test_200_start_stop_cycles_leave_nothing_behind() -> None:
+    cfg = HarnessConfig(command=("sh", "-c", "echo ready; exec cat"), stop_grace_s=1.0)
+    with HarnessProcess(cfg) as warm_up:  # the spawner thread starts once and stays
+        warm_up.start(lambda line: line == "ready")
+    before = _open_fds_and_threads()
+    pids = []
+    for n in range(200):
+        with HarnessProcess(cfg) as proc:
+            proc.start(lambda line: line == "ready")
+            proc.write_line(f"ping {n}")
+            assert proc.read_line(timeout_s=10) == f"ping {n}"
+            pids.append(proc.pid)
+    assert wait_gone(pids) == []  # type: ignore[arg-type]
+    assert _open_fds_and_threads() == before
+
+
+def test_family_script_reports_real_pids() -> None:
+    """Guards the fixture itself: the pids it prints are its own family."""
+    with HarnessProcess(config("family")) as proc:
+        harness, child, _grandchild, _daemon = start_family(proc)
+        assert harness == proc.pid
+        assert psutil.Process(child).ppid() == harness
+        assert str(SCRIPT) in " ".join(psutil.Process(child).cmdline())
