@@ -29,7 +29,7 @@ from gym_harness.errors import (
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
-from gym_harness.process import HarnessProcess
+from gym_harness.process import HarnessProcess, ProcessUsage
 from gym_harness.registration import register_envs
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
@@ -58,6 +58,7 @@ __all__ = [
     "HarnessProcess",
     "HarnessStartError",
     "MCPBridge",
+    "ProcessUsage",
     "ProtocolError",
     "RESERVED_TOOL_NAMES",
     "ReferenceHarness",

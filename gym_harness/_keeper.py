@@ -38,16 +38,13 @@ supported: the child forgets the spawner and the keeper (``os.register_at_fork``
 
 from __future__ import annotations
 
-import contextlib
+# The keeper process runs this file as a script: up to the ``__main__`` check below
+# it imports only what it needs, to start in ~15 ms instead of ~40 ms.
 import os
-import queue
-import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 
 MARKER_VAR = "GYM_HARNESS_MARKER"
 SESSION_VAR = "GYM_HARNESS_SESSION"
@@ -80,14 +77,18 @@ def _kill_everything(markers: Mapping[str, int]) -> None:
     deadline = time.monotonic() + _KILL_ROUNDS_S
     while True:
         for pgid in filter(None, markers.values()):
-            with contextlib.suppress(OSError):
+            try:
                 os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                continue
         # Only marked processes count as hits: a killed group lingers as zombies until
         # PID 1 reaps them, and those need no more signals.
         pids = marked_pids(markers)
         for pid in pids:
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
         if not pids or time.monotonic() > deadline:
             return
         time.sleep(0.01)  # the killed may have forked; look again
@@ -110,6 +111,20 @@ def _keeper_main() -> None:
         pass  # a broken pipe is the owner's death too
     if markers:
         _kill_everything(markers)
+
+
+if __name__ == "__main__":
+    _keeper_main()
+    sys.exit(0)
+
+# Owner side: the keeper client and the spawner thread.
+import contextlib  # noqa: E402
+import queue  # noqa: E402
+import select  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 
 
 class _Keeper:
@@ -189,7 +204,7 @@ class _Keeper:
         try:
             if proc.stdin is not None:
                 proc.stdin.close()  # EOF with no marker left: the keeper just exits
-            proc.wait(timeout=_KEEPER_EXIT_S)
+            wait_exit(proc, _KEEPER_EXIT_S)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -286,6 +301,29 @@ def spawn(
     )
 
 
+def wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """Reap ``proc``, waking the moment it exits (Popen.wait polls in steps up to 50 ms).
+
+    Raises:
+        subprocess.TimeoutExpired: It still runs after ``timeout_s``.
+    """
+    remaining = timeout_s
+    if proc.returncode is None:
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:  # already reaped, or a kernel without pidfd: Popen.wait copes
+            pass
+        else:
+            try:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                if poller.poll(timeout_s * 1000):
+                    remaining = 0.1  # it has exited: waitpid returns at once
+            finally:
+                os.close(pidfd)
+    return proc.wait(timeout=remaining)
+
+
 def _prctl_preexec(owner_pid: int) -> Callable[[], None]:
     import ctypes
 
@@ -306,7 +344,4 @@ def _forget_after_fork() -> None:
     keeper.forget_after_fork()
 
 
-if __name__ == "__main__":
-    _keeper_main()
-else:
-    os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=_forget_after_fork)

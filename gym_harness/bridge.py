@@ -123,6 +123,12 @@ class MCPBridge:
         lock: A ``threading.Lock`` held around every call of a tool tagged
             ``"locked"``; the tool must not take it again.
 
+    Attributes:
+        last_activity: ``time.monotonic()`` of the last authenticated request or the end
+            of the last harness tool call (idle detection counts them as signs of life).
+        tool_calls: Tool calls served over HTTP since construction.
+        in_flight: Harness tool calls running now (the harness is waiting on the env).
+
     Raises:
         ConfigError: A bad timeout or a reentrant lock.
 
@@ -198,7 +204,10 @@ class MCPBridge:
         return list(self._specs)
 
     def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolCallResult:
-        """Call a served tool in-process for the env's orchestrator (not counted as harness life).
+        """Call a served tool in-process for the env's orchestrator.
+
+        These calls do not count in ``tool_calls``, ``in_flight`` or ``last_activity``
+        (those describe the harness).
 
         Args:
             name: A served name.
@@ -316,22 +325,25 @@ class MCPBridge:
         from fastmcp.exceptions import ToolError
 
         task = asyncio.ensure_future(self._call_source(served_name, arguments))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.tool_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            # Cancelling a sync tool waits for its thread; don't wait, keep a reference.
+            task.cancel()
+            self._abandoned.add(task)
+            task.add_done_callback(self._abandoned.discard)
+            raise ToolError(f"tool {served_name!r} did not finish within {self.tool_timeout_s}s")
+        return task.result()
+
+    async def _serve_call(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
+        """A harness's call over HTTP: counted, and a sign of life while it runs and when done."""
+        self.tool_calls += 1
         self.in_flight += 1
         try:
-            try:
-                done, _ = await asyncio.wait({task}, timeout=self.tool_timeout_s)
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            if not done:
-                # Cancelling a sync tool waits for its thread; don't wait, keep a reference.
-                task.cancel()
-                self._abandoned.add(task)
-                task.add_done_callback(self._abandoned.discard)
-                raise ToolError(
-                    f"tool {served_name!r} did not finish within {self.tool_timeout_s}s"
-                )
-            return task.result()
+            return await self._invoke(served_name, arguments)
         finally:
             self.in_flight -= 1
             self.last_activity = time.monotonic()
@@ -373,21 +385,22 @@ class MCPBridge:
             timeout_graceful_shutdown=0.4,  # type: ignore[arg-type]
         )
         server = uvicorn.Server(config)
+        sock: socket.socket | None = None
         try:
             # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        except OSError as exc:
-            raise BridgeError(f"cannot create the bridge socket: {exc}") from exc
-        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", 0))
             sock.listen(128)
             sock.setblocking(False)
+            loop = asyncio.new_event_loop()
         except OSError as exc:
-            sock.close()
-            raise BridgeError(f"cannot bind the bridge to 127.0.0.1: {exc}") from exc
+            if sock is not None:
+                sock.close()
+            raise BridgeError(
+                f"cannot open the bridge's socket on 127.0.0.1 or its event loop: {exc}"
+            ) from exc
         port = sock.getsockname()[1]
-        loop = asyncio.new_event_loop()
         loop.set_exception_handler(_quiet_exception_handler)
         failure: list[BaseException] = []
         thread = threading.Thread(
@@ -397,7 +410,13 @@ class MCPBridge:
             daemon=True,
         )
         self._loop, self._server, self._thread = loop, server, thread
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread"
+            loop.close()
+            sock.close()
+            self._loop, self._server, self._thread = None, None, None
+            raise BridgeError(f"cannot start the bridge thread: {exc}") from exc
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -475,8 +494,7 @@ def _served_tool_class() -> type[Tool]:
             _bridge: Any = PrivateAttr(default=None)
 
             async def run(self, arguments: dict[str, Any]) -> ToolResult:
-                self._bridge.tool_calls += 1
-                return await self._bridge._invoke(self.name, arguments)
+                return await self._bridge._serve_call(self.name, arguments)
 
         _SERVED_TOOL_CLASS = ServedTool
     return _SERVED_TOOL_CLASS

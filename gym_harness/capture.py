@@ -341,7 +341,8 @@ def assemble(
     if feed is not None and status < 400:
         payloads = [e.data for e in events] if streamed else [body]
         for payload in payloads:
-            with contextlib.suppress(ValueError):  # "[DONE]", or a broken final chunk
+            # "[DONE]", a broken final chunk, or a shape we do not know: keep the rest
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
                 obj = json.loads(payload)
                 if isinstance(obj, dict):
                     feed(ans, obj)
@@ -443,12 +444,16 @@ class ModelProxy:
         self._token = secrets.token_urlsafe(32)
         self._lock = threading.Lock()
         self._records: list[ModelExchange] = []
+        self._pending: list[dict[str, Any]] = []
         self._seq = 0
         self._state = ProxyState.UNOPENED
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._client: httpx2.AsyncClient | None = None
         self._port = 0
+        #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
+        #: sign of life for the env's idle (stall) detection.
+        self.last_activity = time.monotonic()
 
     def __repr__(self) -> str:  # the key stays out of reprs and logs
         return f"ModelProxy(upstream={self.upstream!r}, state={self._state.value})"
@@ -488,11 +493,13 @@ class ModelProxy:
     def records(self) -> list[ModelExchange]:
         """The exchanges recorded since the last :meth:`drain`, oldest first (not consumed)."""
         with self._lock:
+            self._assemble_pending()
             return list(self._records)
 
     def drain(self) -> list[ModelExchange]:
         """The exchanges recorded since the last call, oldest first; forgets them."""
         with self._lock:
+            self._assemble_pending()
             out, self._records = self._records, []
         return out
 
@@ -532,6 +539,7 @@ class ModelProxy:
         if scope["type"] != "http":
             return
         started_at, t0 = time.time(), time.perf_counter()
+        self.last_activity = time.monotonic()
         body = bytearray()
         while True:
             message = await receive()
@@ -544,8 +552,8 @@ class ModelProxy:
         outgoing, query, ok = self._credentials(headers, query, method, path)
         sent = bytes(body)
         if not ok:
-            await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
             self._record(method, path, sent, False, started_at, t0, 401, "unauthorized", "", None)
+            await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
             return
         sent, added = self._maybe_add_logprobs(path, sent)
         url = self.upstream + path + (f"?{query}" if query else "")
@@ -581,8 +589,8 @@ class ModelProxy:
         else:
             await self._relay(response, path, content, added, send, disconnect, started_at, t0)
             return
-        await _send_json(send, status, _error(why))
         self._record(method, path, content, added, started_at, t0, status, outcome, why, None)
+        await _send_json(send, status, _error(why))
 
     async def _relay(
         self,
@@ -608,6 +616,7 @@ class ModelProxy:
         outcome, why = ("refused" if response.status_code >= 400 else "ok"), ""
         try:
             async for chunk in response.aiter_raw():
+                self.last_activity = time.monotonic()
                 if ttfb is None:
                     ttfb = time.perf_counter() - t0
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -699,29 +708,33 @@ class ModelProxy:
         ttfb: float | None = None,
     ) -> None:
         total = time.perf_counter() - t0
+        # Only the raw facts here: parsing waits for records()/drain() in the caller's
+        # thread, so it costs the harness's call nothing.
+        raw = {
+            "method": method,
+            "path": path,
+            "request": request,
+            "logprobs_added": added,
+            "status": status,
+            "outcome": outcome,
+            "error": error,
+            "answer": answer,
+            "started_at": started_at,
+            "ttfb_s": ttfb,
+            "total_s": total,
+        }
         with self._lock:
             self._seq += 1
-            seq = self._seq
-        try:
-            record = assemble(
-                seq=seq,
-                method=method,
-                path=path,
-                request=request,
-                logprobs_added=added,
-                status=status,
-                outcome=outcome,
-                error=error,
-                answer=answer,
-                started_at=started_at,
-                ttfb_s=ttfb,
-                total_s=total,
-            )
-        except Exception as exc:  # a record we cannot parse must not break the harness's call
-            logger.warning("model proxy could not assemble exchange %d: %r", seq, exc)
-            return
-        with self._lock:
-            self._records.append(record)
+            self._pending.append({**raw, "seq": self._seq})
+
+    def _assemble_pending(self) -> None:
+        """Turn raw exchanges into records (caller's thread; holds the lock)."""
+        for raw in self._pending:
+            try:
+                self._records.append(assemble(**raw))
+            except Exception as exc:  # one unreadable exchange must not hide the others
+                logger.warning("model proxy could not assemble exchange %s: %r", raw["seq"], exc)
+        self._pending = []
 
     # -- the server thread ------------------------------------------------------------------
 
@@ -826,8 +839,6 @@ def _error(message: str) -> dict[str, Any]:
 
 
 async def _send_json(send: Any, status: int, payload: dict[str, Any]) -> None:
-    import json
-
     data = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})

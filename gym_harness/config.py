@@ -58,10 +58,10 @@ class HarnessConfig:
         True
     """
 
-    command: tuple[str, ...] = ()
+    command: Sequence[str] = ()
     cwd: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    inherit_env: tuple[str, ...] = DEFAULT_INHERIT_ENV
+    inherit_env: Sequence[str] = DEFAULT_INHERIT_ENV
     startup_timeout_s: float = 60.0
     turn_timeout_s: float = 900.0
     idle_timeout_s: float = 300.0
@@ -147,7 +147,7 @@ def _as_path_str(name: str, value: object) -> str:
     import os
 
     if isinstance(value, os.PathLike):
-        return os.fspath(value)  # type: ignore[return-value]
+        return os.fspath(value)
     raise ConfigError(f"HarnessConfig.{name} must be a path or None, got {value!r}.")
 
 

@@ -12,9 +12,11 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib
 import inspect
+import os
 import shutil
 import tempfile
 import threading
@@ -29,7 +31,7 @@ from gymnasium.error import ResetNeeded
 
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.events import HarnessEvent, TurnResult
+from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import Harness, harness_class
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.spaces import UnicodeText
@@ -39,6 +41,7 @@ from gym_harness.turn import TurnRunner, end_flags
 
 if TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge
+    from gym_harness.capture import ModelProxy
     from gym_harness.process import HarnessProcess
 
 __all__ = ["HarnessEnv"]
@@ -85,6 +88,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
         on_event: Called with each ``HarnessEvent`` as it arrives during a turn.
         tool_prefix: Prefix for env tools whose names clash with harness built-ins.
         tool_timeout_s: A tool call running longer returns an error to the harness.
+        capture: Route the harness's model calls through a loopback ``ModelProxy``
+            that records every exchange as ``llm_request`` / ``llm_response`` events.
+        upstream: With ``capture``, the real API's base URL (what you would give the
+            harness as its base URL); the harness is pointed at the proxy instead.
+        upstream_api_key_env: With ``capture``, the variable holding the real key; it
+            stays in this process (the harness gets a per-episode proxy token).
+        request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
         **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``,
             ``command=[...]`` ...); every other keyword goes to the harness's
             constructor when ``harness`` is a name (``model=...``).
@@ -115,6 +125,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         on_event: Callable[[HarnessEvent], None] | None = None,
         tool_prefix: str = "env_",
         tool_timeout_s: float = 120.0,
+        capture: bool = False,
+        upstream: str | None = None,
+        upstream_api_key_env: str | None = None,
+        request_logprobs: bool = False,
         **kwargs: Any,
     ) -> None:
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
@@ -127,6 +141,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
             raise ConfigError(f"workspace {str(workspace)!r} is not a directory.")
         if tool_timeout_s <= 0:
             raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
+        if capture and not (
+            isinstance(upstream, str) and upstream.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                f"capture=True needs upstream='http(s)://...' (the real API's base URL), "
+                f"got {upstream!r}."
+            )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
         self.reward_fn: RewardFn | None = _resolve(reward_fn, "reward_fn")
@@ -141,6 +162,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.action_space = UnicodeText(MAX_TEXT)
         self._state = EpisodeState.NEW
         self._bridge: MCPBridge | None = None
+        self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
+        self._proxy: ModelProxy | None = None
         self._proc: HarnessProcess | None = None
         self._root: Path | None = None
         self._episode_dir: Path | None = None
@@ -208,6 +231,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
             if self.config.episode_timeout_s is not None:
                 budget = self._episode_started + self.config.episode_timeout_s
             result = self._runner.run(action, episode_deadline=budget)
+        if self._proxy is not None:
+            result = _with_model_calls(result, self._proxy.drain())
         record = self._record(turn, action, result, started_at, time.monotonic() - start)
         self.trajectory.turns.append(record)
         if record.terminated or record.truncated:
@@ -216,7 +241,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         info = self._info(turn, record.error_type, record.error, record.events, record.elapsed_s)
         return record.response, record.reward, record.terminated, record.truncated, info
 
-    def render(self) -> str | None:  # type: ignore[override]
+    def render(self) -> str | None:
         """With ``render_mode="ansi"``, the episode transcript as text."""
         return self.trajectory.transcript() if self.render_mode == "ansi" else None
 
@@ -231,6 +256,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             bridge, self._bridge = self._bridge, None
             if bridge is not None:
                 bridge.stop()
+            proxy, self._proxy = self._proxy, None
+            if proxy is not None:
+                proxy.stop()
             if self._root is not None and not self._keep:
                 shutil.rmtree(self._root, ignore_errors=True)
 
@@ -286,6 +314,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
         bridge.start()
         if self.trajectory.episode_id:  # not the first episode: lock the old harness out
             bridge.rotate_token()
+        model_base_url = model_api_key = None
+        if self._capture is not None:
+            proxy = self._ensure_proxy()
+            proxy.drain()  # exchanges of an earlier episode's last moments
+            model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
         return EpisodeContext(
             episode_id=episode_id,
             workspace=workspace,
@@ -293,7 +326,22 @@ class HarnessEnv(gymnasium.Env[str, str]):
             bridge_url=bridge.url,
             bridge_token=bridge.token,
             tool_names=tuple(spec.name for spec in bridge.list_tools()),
+            model_base_url=model_base_url,
+            model_api_key=model_api_key,
         )
+
+    def _ensure_proxy(self) -> ModelProxy:
+        if self._proxy is None:
+            from gym_harness.capture import ModelProxy
+
+            assert self._capture is not None
+            upstream, key_env, logprobs = self._capture
+            key = os.environ.get(key_env) if key_env else None
+            if key_env and key is None:
+                raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
+            self._proxy = ModelProxy(str(upstream), api_key=key, request_logprobs=logprobs)
+            self._proxy.start()
+        return self._proxy
 
     def _ensure_bridge(self) -> MCPBridge:
         if self._bridge is None:
@@ -316,7 +364,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
         self._proc = HarnessProcess(config)
-        self._runner = TurnRunner(self.harness, self._proc, config, self._bridge, self._emit)
+        self._runner = TurnRunner(
+            self.harness, self._proc, config, self._bridge, self._emit, self._proxy
+        )
         try:
             self._proc.start()
         except HarnessError as exc:
@@ -392,6 +442,22 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._episode_dir is not None and not self._keep:
             shutil.rmtree(self._episode_dir, ignore_errors=True)
         self._episode_dir = None
+
+
+def _with_model_calls(result: TurnResult, exchanges: Sequence[Any]) -> TurnResult:
+    """Merge the proxy's records of the turn into its events, in time order."""
+    if not exchanges:
+        return result
+    calls: list[HarnessEvent] = []
+    for exchange in exchanges:
+        record = exchange.to_dict()
+        request = {k: record.pop(k) for k in ("seq", "api", "method", "path", "request")}
+        calls.append(HarnessEvent(EventType.LLM_REQUEST, request, exchange.started_at))
+        record["seq"] = request["seq"]
+        done_at = exchange.started_at + exchange.total_s
+        calls.append(HarnessEvent(EventType.LLM_RESPONSE, record, done_at))
+    events = sorted((*result.events, *calls), key=lambda e: e.timestamp)
+    return dataclasses.replace(result, events=tuple(events))
 
 
 def _make_harness(harness: Harness | str, kwargs: dict[str, Any]) -> Harness:

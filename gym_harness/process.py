@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import enum
 import os
+import queue
 import select
 import shlex
 import shutil
@@ -264,11 +265,10 @@ class HarnessProcess:
                 deadline = time.monotonic() + _JOIN_S
                 for thread in self._readers:
                     thread.join(max(0.0, deadline - time.monotonic()))
-                if self._stdin_lock.acquire(timeout=_JOIN_S) and popen.stdin is not None:
+                if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
                     try:
-                        popen.stdin.close()
-                    except OSError:
-                        pass
+                        with contextlib.suppress(OSError):
+                            popen.stdin.close()  # type: ignore[union-attr]
                     finally:
                         self._stdin_lock.release()
             _live.discard(self)
@@ -443,62 +443,72 @@ class HarnessProcess:
 
 
 class _LineQueue:
-    """Lines from the stdout reader to the caller, holding at most ``max_bytes`` unread."""
+    """Lines from the stdout reader to the caller, holding at most ``max_bytes`` unread.
+
+    Lines travel through a C ``SimpleQueue`` (one wake-up per line on the fast
+    path); the byte count only makes the reader wait when the caller falls behind.
+    """
+
+    _END = ("", -1)  # the last item ever put: EOF, or close()
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
+        self._items: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._readable = threading.Condition(self._lock)
-        self._writable = threading.Condition(self._lock)
-        self._items: deque[tuple[str, int]] = deque()
+        self._has_room = threading.Condition(self._lock)
         self._bytes = 0
-        self._ended = False  # the writer reached EOF
+        self._ended = False  # the writer put _END
         self._closed = False  # the consumer is gone: drop everything
+        self._seen_end = False  # the consumer took _END
 
     @property
     def finished(self) -> bool:
-        with self._lock:
-            return self._closed or (self._ended and not self._items)
+        # Once _END is queued, a size of 1 means only _END is left unread.
+        return self._seen_end or self._closed or (self._ended and self._items.qsize() <= 1)
 
     def put(self, text: str, size: int) -> None:
         with self._lock:
             # Always admit one line, however large, so a cut line never blocks forever.
-            while self._items and self._bytes + size > self._max and not self._closed:
-                self._writable.wait()
+            while self._bytes and self._bytes + size > self._max and not self._closed:
+                self._has_room.wait()
             if self._closed:
                 return
-            self._items.append((text, size))
             self._bytes += size
-            self._readable.notify()
+        self._items.put((text, size))
 
     def get(self, timeout_s: float) -> str | None:
+        if self._seen_end:
+            return None
+        try:
+            text, size = self._items.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            return None
+        if size < 0:
+            self._seen_end = True
+            self._items.put(self._END)  # for any other thread waiting in get()
+            return None
         with self._lock:
-            if not self._items:
-                deadline = time.monotonic() + timeout_s
-                while not self._items and not self._ended and not self._closed:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return None
-                    self._readable.wait(remaining)
-                if not self._items:
-                    return None
-            text, size = self._items.popleft()
             self._bytes -= size
-            self._writable.notify()
-            return text
+            self._has_room.notify()
+        return text
 
     def end(self) -> None:
         with self._lock:
-            self._ended = True
-            self._readable.notify_all()
+            if not self._ended:
+                self._items.put(self._END)
+                self._ended = True  # only after _END is in: ``finished`` counts on it
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._items.clear()
             self._bytes = 0
-            self._readable.notify_all()
-            self._writable.notify_all()
+            self._has_room.notify_all()
+            while True:  # drop unread lines now rather than when the object dies
+                try:
+                    self._items.get_nowait()
+                except queue.Empty:
+                    break
+            self._items.put(self._END)  # wakes a get() waiting in another thread
 
 
 def _lines(stream: IO[bytes], limit: int) -> Iterator[tuple[str, int]]:

@@ -199,6 +199,7 @@ def _create_empty_array_unicode_text(
     return tuple(" " * space.min_length for _ in range(n))
 
 
+# Dispatched on the type of the first space of the sequence (gymnasium looks it up itself).
 @batch_differing_spaces.register(UnicodeText)
-def _batch_differing_unicode_text(spaces: Sequence[UnicodeText]) -> Tuple:
+def _batch_differing_unicode_text(spaces: Sequence[UnicodeText]) -> Tuple:  # type: ignore[misc]
     return Tuple([deepcopy(space) for space in spaces], seed=deepcopy(spaces[0].np_random))

@@ -20,6 +20,7 @@ from gym_harness.harnesses.base import Feed, Harness
 
 if TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge
+    from gym_harness.capture import ModelProxy
     from gym_harness.process import HarnessProcess
 
 __all__ = ["TRUNCATING_ERRORS", "TurnRunner", "end_flags"]
@@ -50,6 +51,7 @@ class TurnRunner:
         config: The config the process was spawned with (timeouts).
         bridge: The env's MCP bridge; its tool calls count as signs of life.
         emit: Called with every event as soon as it is parsed.
+        proxy: The env's model proxy, if it captures; model traffic counts as life.
     """
 
     def __init__(
@@ -59,8 +61,10 @@ class TurnRunner:
         config: HarnessConfig,
         bridge: MCPBridge | None,
         emit: Callable[[HarnessEvent], None],
+        proxy: ModelProxy | None = None,
     ) -> None:
         self.harness = harness
+        self.proxy = proxy
         self.proc = proc
         self.config = config
         self.bridge = bridge
@@ -166,6 +170,8 @@ class TurnRunner:
             if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
                 return time.monotonic() + self.config.idle_timeout_s
             last = max(last, bridge.last_activity)
+        if self.proxy is not None:
+            last = max(last, self.proxy.last_activity)
         return last + self.config.idle_timeout_s
 
     def _timed_out(self, kind: str, events: list[HarnessEvent]) -> TurnResult:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -262,7 +266,39 @@ def test_hanging_tool_times_out_and_bridge_survives(bridge: MCPBridge, gate: Gat
 
     asyncio.run(go())
     assert bridge.call_tool("hang").is_error
-    gate.event.set()
+    bridge.stop()  # with two hung calls still in worker threads
+    assert not [t for t in threading.enumerate() if t.name == "gym-harness-bridge"]
+    gate.event.set()  # the hung threads now finish against a closed loop, quietly
+    _settled_counts(threading.active_count() - 2)
+
+
+def test_start_failure_is_a_bridge_error(tmp_path: Path) -> None:
+    script = tmp_path / "no_fds.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, resource, sys
+            sys.path.insert(0, sys.argv[1])
+            import sample_tools
+            from gym_harness.bridge import MCPBridge
+            from gym_harness.errors import BridgeError
+            bridge = MCPBridge(sample_tools.TOOLS)
+            bridge.list_tools()  # load the tools while files can still be opened
+            in_use = len(os.listdir("/proc/self/fd"))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (in_use, in_use))
+            try:
+                bridge.start()
+            except BridgeError as exc:
+                print("BridgeError:", exc, "| cause:", type(exc.__cause__).__name__)
+            """
+        )
+    )
+    tests_dir = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=60
+    )
+    assert "BridgeError: cannot open the bridge's socket" in done.stdout, done.stderr
+    assert "cause: OSError" in done.stdout
 
 
 def test_five_megabyte_result(bridge: MCPBridge) -> None:
@@ -289,8 +325,9 @@ def test_activity_and_call_counts(bridge: MCPBridge) -> None:
     before = bridge.last_activity
     assert bridge.call_tool("echo", {"text": "orchestrator"}).text == "orchestrator"
     assert bridge.tool_calls == 0  # in-process calls are not harness tool calls
+    assert bridge.in_flight == 0
     _raw_post(bridge.url, {})  # unauthenticated: not a sign of life
-    assert bridge.last_activity >= before
+    assert bridge.last_activity == before
     mark = bridge.last_activity
     time.sleep(0.01)
     _raw_post(bridge.url, {"authorization": f"Bearer {bridge.token}"})

@@ -224,7 +224,7 @@ def test_drop_mid_stream_reaches_the_harness(
     srv.script()  # text answers: several events in every API
     srv.enqueue(Drop(after=1))
     path, header, body = requests_for(True)[api]
-    received = []
+    received: list[bytes] = []
     with (
         pytest.raises(httpx.RemoteProtocolError),
         client.stream("POST", path, json=body, headers=auth(proxy, header)) as resp,
@@ -310,10 +310,12 @@ def test_record_round_trips_json(proxy: ModelProxy, client: httpx.Client) -> Non
 
 
 names = st.text(
-    st.characters(blacklist_characters="\r\n:", blacklist_categories=("Cs",)), max_size=8
+    st.characters(exclude_characters="\r\n:", exclude_categories=["Cs"]),
+    max_size=8,
 )
 payloads = st.text(
-    st.characters(blacklist_characters="\r", blacklist_categories=("Cs",)), max_size=30
+    st.characters(exclude_characters="\r", exclude_categories=["Cs"]),
+    max_size=30,
 )
 
 

@@ -133,7 +133,12 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
                 "message": {
                     "content": [
                         {"type": "text", "text": "calling"},
-                        {"type": "tool_use", "id": "t1", "name": "mcp__env__add", "input": {"a": 1}},
+                        {
+                            "type": "tool_use",
+                            "id": "t1",
+                            "name": "mcp__env__add",
+                            "input": {"a": 1},
+                        },
                     ]
                 },
             }

@@ -112,9 +112,7 @@ def test_exit_during_startup_reports_code_and_stderr() -> None:
     ("command", "cwd"),
     [(("no-such-harness-xyz",), None), ((sys.executable, "-c", "pass"), "/no/such/dir")],
 )
-def test_unstartable_command_raises_start_error(
-    command: tuple[str, ...], cwd: str | None
-) -> None:
+def test_unstartable_command_raises_start_error(command: tuple[str, ...], cwd: str | None) -> None:
     proc = HarnessProcess(HarnessConfig(command=command, cwd=cwd))
     with pytest.raises(HarnessStartError, match="harness"):
         proc.start(is_ready)

@@ -1,4 +1,4 @@
-"""HarnessProcess ends whole process trees: on stop(), on the owner's death, and over many cycles."""
+"""HarnessProcess ends whole trees: on stop(), on the owner's death, over many cycles."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil

@@ -213,7 +213,11 @@ def test_done_ends_the_turn_with_done_true(start_agent: Any) -> None:
         "response": "You said: all good\nFinished.",
         "done": True,
     }
-    assert agent.turn("/done")[-1] == {"type": "turn_complete", "response": "You said: ", "done": True}
+    assert agent.turn("/done")[-1] == {
+        "type": "turn_complete",
+        "response": "You said: ",
+        "done": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -222,7 +226,7 @@ def test_done_ends_the_turn_with_done_true(start_agent: Any) -> None:
         ("hello", "You said: hello"),
         ("two\nlines", "You said: two\nlines"),
         ("", "You said: "),
-        ("héllo 世界 🎉 \u0000 \\ \"q\"", "You said: héllo 世界 🎉 \u0000 \\ \"q\""),
+        ('héllo 世界 🎉 \u0000 \\ "q"', 'You said: héllo 世界 🎉 \u0000 \\ "q"'),
     ],
 )
 def test_plain_text_is_echoed(start_agent: Any, content: str, response: str) -> None:
@@ -284,7 +288,7 @@ def test_scripted_policy_is_deterministic(start_agent: Any, bridge: MCPBridge) -
     messages = [
         "hi",
         '/call add {"a": 2, "b": 40}\n/call no_such_tool {}\n/tools',
-        "/call lookup {\"key\": \"Capital of Japan\"}\nok\n/done bye",
+        '/call lookup {"key": "Capital of Japan"}\nok\n/done bye',
     ]
     transcripts = []
     for _ in range(2):

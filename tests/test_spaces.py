@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from gymnasium.vector.utils import batch_differing_spaces, create_empty_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +97,7 @@ def test_sample_mask_fixes_the_length() -> None:
     [((21, None), None), ((5, np.ones(3, dtype=np.int8)), None), (5, None), (None, (3, None))],
 )
 def test_unsupported_sample_arguments_raise(mask: Any, probability: Any) -> None:
-    with pytest.raises(ValueError, match="UnicodeText.sample"):
+    with pytest.raises(ValueError, match=r"UnicodeText\.sample"):
         UnicodeText(20).sample(mask=mask, probability=probability)
 
 
@@ -179,6 +180,12 @@ def test_sync_vector_env_batches_strings() -> None:
         assert list(rewards) == [5.0, 4.0]
     finally:
         envs.close()
+
+
+def test_vector_helpers_know_the_space() -> None:
+    assert create_empty_array(UnicodeText(5, min_length=2), n=3) == ("  ",) * 3
+    batched = batch_differing_spaces([UnicodeText(5), UnicodeText(7, 1)])
+    assert batched == gym.spaces.Tuple([UnicodeText(5), UnicodeText(7, 1)])
 
 
 def test_async_vector_env_without_shared_memory() -> None:

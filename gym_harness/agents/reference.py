@@ -580,4 +580,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # Sessions are closed and lines flushed; skip interpreter teardown, which spends
+    # up to a second collecting the MCP client's modules while an env waits for us.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(exit_code)

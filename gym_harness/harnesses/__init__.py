@@ -44,4 +44,4 @@ def harness_class(name: str) -> type[Harness]:
         ) from None
     module_name, _, attr = target.partition(":")
     cls: Any = getattr(importlib.import_module(module_name), attr)
-    return cls  # type: ignore[no-any-return]
+    return cls

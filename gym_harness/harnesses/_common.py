@@ -12,6 +12,7 @@ agents) needs the same few things:
   bridge tokens go there or in the environment, never in argv.
 * ``json_line`` / ``parse_object``: one JSON object per line, both ways.
 * ``RpcIds``: JSON-RPC request ids and what each pending request was for.
+* ``toml_document``: a config dict as TOML (Codex and codex-acp read ``config.toml``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "present",
     "private_home_env",
     "scrub_inherit",
+    "toml_document",
     "write_private",
 ]
 
@@ -170,3 +172,45 @@ class RpcIds:
 
     def _envelope(self, **fields: Any) -> dict[str, Any]:
         return {"jsonrpc": "2.0", **fields} if self._jsonrpc else fields
+
+
+def toml_document(doc: Mapping[str, Any]) -> str:
+    """Render ``doc`` as TOML: scalars and lists first, then each nested dict as a table.
+
+    Strings, bools, ints, floats and lists of those are supported (``None``
+    values are left out); keys that are not bare words are quoted.
+
+    Raises:
+        TypeError: A value of another type.
+    """
+    lines: list[str] = []
+    _toml_table(doc, (), lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_table(table: Mapping[str, Any], path: tuple[str, ...], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping) and v is not None}
+    tables = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    if path and (scalars or not tables):
+        lines.append("")
+        lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
+    lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars.items())
+    for key, sub in tables.items():
+        _toml_table(sub, (*path, key), lines)
+
+
+def _toml_key(key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return key if bare else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")

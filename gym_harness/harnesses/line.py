@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, ClassVar
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
@@ -83,7 +83,7 @@ class CommandHarness(Harness):
                 events=[HarnessEvent(EventType.TURN_COMPLETE, data)],
                 turn_complete=True,
                 response=response,
-                done=data["done"],
+                done=bool(data["done"]),
             )
         event_type = EventType.parse(kind)
         if event_type is EventType.OTHER:
@@ -130,7 +130,7 @@ class ReferenceHarness(CommandHarness):
 
     def default_config(self) -> HarnessConfig:
         command = [sys.executable, "-m", "gym_harness.agents.reference", "--policy", self.policy]
-        inherit: tuple[str, ...] = HarnessConfig().inherit_env
+        inherit = tuple(DEFAULT_INHERIT_ENV)
         if self.policy == "openai":
             command += ["--api-key-env", self.api_key_env]
             command += ["--max-tool-calls", str(self.max_tool_calls)]

@@ -1,0 +1,245 @@
+"""The ``gym-harness`` command: run one episode, or roll out a task file.
+
+    gym-harness run                       # one episode of gym_harness/Reference-v0
+    gym-harness run --env ID --message "fix the test" --set model=M
+    gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
+
+Bad input (a missing file, bad JSON, an unknown env id or option) exits with
+status 2 and one line saying what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import gymnasium
+
+import gym_harness  # noqa: F401  (registers the env ids)
+from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.tasks import load_tasks
+
+__all__ = ["main"]
+
+DEFAULT_ENV = "gym_harness/Reference-v0"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        kwargs = _env_kwargs(args.set)
+        if args.command == "run":
+            return _run(args, kwargs)
+        return _rollout(args, kwargs)
+    except (ConfigError, HarnessError, gymnasium.error.Error, OSError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"gym-harness: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gym-harness", description="Agentic harnesses as Gymnasium environments."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
+    common.add_argument("--seed", type=int, default=0, help="seed of the first reset")
+    common.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env keyword (a HarnessConfig field or harness option); VALUE is JSON or a string",
+    )
+    common.add_argument(
+        "--max-turns", type=int, default=None, help="stop an episode after this many turns"
+    )
+    run = sub.add_parser("run", parents=[common], help="run one episode and print its transcript")
+    run.add_argument("--task", help="task id (default: picked with --seed)")
+    run.add_argument(
+        "--message",
+        action="append",
+        default=[],
+        help="a user message (repeat for several turns; default: the task prompt)",
+    )
+    roll = sub.add_parser("rollout", parents=[common], help="run N episodes per task to JSONL")
+    roll.add_argument("tasks", type=Path, help="tasks JSONL file ({id, prompt, files?, meta?})")
+    roll.add_argument("-n", type=int, default=1, help="episodes per task")
+    roll.add_argument("--out", type=Path, required=True, help="output JSONL, a record an episode")
+    roll.add_argument("--follow-up", default="Continue.", help="message of turns after the first")
+    roll.add_argument(
+        "--capture",
+        metavar="UPSTREAM",
+        help="record every LLM call through a loopback proxy to this base URL; each record "
+        "gets llm_exchanges (chat messages for TRL / datasets, plus the raw exchange)",
+    )
+    roll.add_argument("--upstream-key-env", help="variable holding the upstream's API key")
+    roll.add_argument("--logprobs", action="store_true", help="ask the upstream for logprobs")
+    return parser
+
+
+def _env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(raw)
+        except ValueError:
+            kwargs[key] = raw
+    return kwargs
+
+
+def _make(env_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[str, str]:
+    return gymnasium.make(env_id, **kwargs)
+
+
+def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    env = _make(args.env, kwargs)
+    try:
+        options = {"task_id": args.task} if args.task else None
+        prompt, _ = env.reset(seed=args.seed, options=options)
+        messages = list(args.message) or ([prompt] if prompt else ["Hello!"])
+        if args.max_turns is not None:
+            messages = messages[: args.max_turns]
+        for message in messages:
+            _, _, terminated, truncated, _ = env.step(message)
+            if terminated or truncated:
+                break
+        trajectory = env.unwrapped.trajectory  # type: ignore[attr-defined]
+        sys.stdout.write(trajectory.transcript())
+        print(f"outcome: {trajectory.outcome}   reward: {trajectory.total_reward:g}")
+    finally:
+        env.close()
+    return 0
+
+
+def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    if args.n < 1:
+        raise ConfigError(f"-n must be at least 1, got {args.n}")
+    tasks = load_tasks(args.tasks)
+    if not tasks:
+        raise ConfigError(f"{args.tasks} holds no tasks")
+    max_turns = args.max_turns or 1
+    if args.capture:
+        kwargs.update(
+            capture=True,
+            upstream=args.capture,
+            upstream_api_key_env=args.upstream_key_env,
+            request_logprobs=args.logprobs,
+        )
+    env = _make(args.env, kwargs)
+    total = len(tasks) * args.n
+    done = 0
+    progress = _Progress(total, sys.stderr)
+    try:
+        with args.out.open("w", encoding="utf-8") as out:
+            for task in tasks:
+                for k in range(args.n):
+                    record = _episode(env, task.to_dict(), args.seed + done, k, max_turns, args)
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                    done += 1
+                    progress.update(done, record["outcome"])
+    finally:
+        progress.close()
+        env.close()
+    print(f"wrote {done} episodes to {args.out}")
+    return 0
+
+
+def _episode(
+    env: gymnasium.Env[str, str],
+    task: dict[str, Any],
+    seed: int,
+    index: int,
+    max_turns: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    started = time.monotonic()
+    prompt, _ = env.reset(seed=seed, options={"task": task})
+    message = prompt
+    for _ in range(max_turns):
+        _, _, terminated, truncated, _ = env.step(message)
+        if terminated or truncated:
+            break
+        message = args.follow_up
+    record: dict[str, Any] = env.unwrapped.trajectory.to_dict()  # type: ignore[attr-defined]
+    turns = record["turns"]
+    if record["outcome"] == "running":  # the rollout stopped it, not the harness
+        record["outcome"] = "max_turns"
+    record.update(
+        env_id=args.env,
+        episode_index=index,
+        seed=seed,
+        messages=[{"role": r, "content": t[k]} for t in turns for r, k in _ROLES],
+        error_type=turns[-1]["error_type"] if turns else "",
+        timings={
+            "reset_s": record["reset_s"],
+            "turns_s": [t["elapsed_s"] for t in turns],
+            "total_s": time.monotonic() - started,
+        },
+    )
+    if args.capture:
+        record["llm_exchanges"] = llm_exchanges(turns)
+    return record
+
+
+def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pair each turn's llm_request / llm_response events into exchange records.
+
+    Each record has ``messages`` (the exchange as chat messages: the prompt, then the
+    model's answer with its tool calls) and ``raw`` (the proxy's whole record).
+    """
+    from gym_harness.chat_format import exchange_messages
+
+    requests: dict[int, dict[str, Any]] = {}
+    out = []
+    for turn in turns:
+        for event in turn["events"]:
+            data = event["data"]
+            if event["type"] == "llm_request":
+                requests[data["seq"]] = data
+            elif event["type"] == "llm_response":
+                raw = {**requests.pop(data["seq"], {}), **data}
+                out.append({"turn": turn["turn"], "messages": exchange_messages(raw), "raw": raw})
+    return out
+
+
+_ROLES = (("user", "message"), ("assistant", "response"))
+
+
+class _Progress:
+    """A one-line progress bar on a terminal (a plain line per episode otherwise)."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total, self.stream = total, stream
+        self.started = time.monotonic()
+        self.tty = stream.isatty()
+
+    def update(self, done: int, outcome: str) -> None:
+        width = 30
+        filled = width * done // self.total
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        bar = "#" * filled + "." * (width - filled)
+        line = f"[{bar}] {done}/{self.total} {rate:.2f} ep/s ({outcome})"
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

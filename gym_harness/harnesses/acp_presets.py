@@ -1,0 +1,316 @@
+"""Presets of ``ACPHarness`` for the ACP agents seen working here.
+
+Each preset builds the agent's argv, environment and config files (written
+into the episode's private home, strictly before start). All take
+``executable=``, ``model=``, ``base_url=``, ``api_key_env=`` and ``extra_args=``.
+When the env captures model traffic (``ctx.model_base_url``), the preset points
+the agent at the proxy with ``ctx.model_api_key`` instead.
+
+Where each agent gets the env MCP server, and why:
+
+* OpenCode: ``session/new`` (it connects before answering; a failure is silent).
+* Qwen Code: ``session/new``; ``tool_search`` is excluded in its settings, or
+  MCP tools hide behind it and the model must search before it can call them.
+* Gemini CLI: its ``settings.json`` (0600, holds the token), with
+  ``GEMINI_CLI_TRUST_WORKSPACE=true``: an untrusted workspace starts no MCP server.
+* claude-agent-acp, codex-acp: ``session/new`` (not installed here; untested).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from gym_harness.harnesses._common import write_private
+from gym_harness.harnesses.acp import ACPHarness
+from gym_harness.harnesses.base import EpisodeContext
+
+__all__ = [
+    "ClaudeAgentACPHarness",
+    "CodexACPHarness",
+    "GeminiCLIHarness",
+    "OpenCodeHarness",
+    "QwenCodeHarness",
+]
+
+#: The variable the presets put an API key in when they write it for the agent.
+MODEL_KEY_VAR = "GYM_HARNESS_MODEL_KEY"
+
+
+class _Preset(ACPHarness):
+    """Shared options of the presets; subclasses say which variables mean what."""
+
+    #: The agent's own API-key variable.
+    key_var: ClassVar[str] = ""
+    #: Whether OpenAI-compatible URLs get ``/v1`` appended to the capture proxy's base.
+    openai_style: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        executable: str = "",
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key_env: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(extra_args=extra_args)
+        self.executable = executable or self.default_executable()
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env or self.key_var
+
+    def default_executable(self) -> str:
+        return ""
+
+    def endpoint(self, ctx: EpisodeContext) -> tuple[str | None, str | None]:
+        """The (base URL, API key) the agent must use this episode, ``None`` for its own."""
+        if ctx.model_base_url:
+            base = ctx.model_base_url.rstrip("/")
+            return (base + "/v1" if self.openai_style else base), ctx.model_api_key or ""
+        return self.base_url, os.environ.get(self.api_key_env) or None
+
+
+class OpenCodeHarness(_Preset):
+    """OpenCode (``opencode acp --pure``).
+
+    With a ``base_url`` (an OpenAI-compatible endpoint ending in ``/v1``) the
+    preset writes an ``opencode.json`` provider ``gym`` on the bundled
+    ``@ai-sdk/openai-compatible`` SDK and runs ``gym/<model>``; without one,
+    ``model`` is OpenCode's own ``provider/model`` and its usual variables apply.
+
+    Args:
+        builtin_tools: ``True`` allows OpenCode's tools too (``permission *: allow``);
+            ``False`` denies them, which also hides them from the model.
+    """
+
+    name: ClassVar[str] = "opencode"
+    key_var: ClassVar[str] = "OPENAI_API_KEY"
+
+    def __init__(
+        self,
+        *,
+        executable: str = "opencode",
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key_env: str | None = None,
+        extra_args: Sequence[str] = (),
+        builtin_tools: bool = True,
+    ) -> None:
+        super().__init__(
+            executable=executable,
+            model=model,
+            base_url=base_url,
+            api_key_env=api_key_env,
+            extra_args=extra_args,
+        )
+        self.use_builtin_tools = builtin_tools
+
+    def default_executable(self) -> str:
+        return "opencode"
+
+    def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        base, _ = self.endpoint(ctx)
+        allow_env = f"{ctx.server_name}_*"
+        permission = {"*": "allow"} if self.use_builtin_tools else {"*": "deny", allow_env: "allow"}
+        config: dict[str, Any] = {
+            "autoupdate": False,
+            "share": "disabled",
+            "permission": permission,
+        }
+        if base:
+            model = self.model or "default"
+            config["provider"] = {
+                "gym": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "gym",
+                    "options": {"baseURL": base, "apiKey": "{env:" + MODEL_KEY_VAR + "}"},
+                    "models": {model: {"name": model, "tool_call": True}},
+                }
+            }
+            config["model"] = config["small_model"] = f"gym/{model}"
+        elif self.model:
+            config["model"] = self.model
+        write_private(ctx.home / ".config" / "opencode" / "opencode.json", json.dumps(config))
+        # On a fresh config dir OpenCode tries an npm install; a dead loopback registry stops it.
+        write_private(ctx.home / ".npmrc", "registry=http://127.0.0.1:9/\n")
+        return [self.executable, "acp", "--pure"]
+
+    def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
+        _, key = self.endpoint(ctx)
+        env = {
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+        }
+        if key is not None:
+            env[MODEL_KEY_VAR] = key
+        return env
+
+
+class QwenCodeHarness(_Preset):
+    """Qwen Code (``qwen --acp --auth-type openai``) on an OpenAI-compatible endpoint."""
+
+    name: ClassVar[str] = "qwen_code"
+    key_var: ClassVar[str] = "OPENAI_API_KEY"
+
+    def default_executable(self) -> str:
+        return "qwen"
+
+    def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        settings = {
+            "telemetry": {"enabled": False},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+            "security": {"auth": {"selectedType": "openai"}},
+            # Without tool_search, Qwen Code puts MCP tools straight into the model's tool list.
+            "tools": {"exclude": ["tool_search"]},
+        }
+        write_private(ctx.home / ".qwen" / "settings.json", json.dumps(settings))
+        command = [self.executable, "--acp", "--auth-type", "openai"]
+        if self.model:
+            command += ["--model", self.model]
+        return command
+
+    def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
+        base, key = self.endpoint(ctx)
+        # Without it Qwen Code relaunches itself, and the child survives SIGTERM.
+        env = {"QWEN_CODE_NO_RELAUNCH": "true"}
+        if base:
+            env["OPENAI_BASE_URL"] = base
+        if key is not None:
+            env["OPENAI_API_KEY"] = key
+        if self.model:
+            env["OPENAI_MODEL"] = self.model
+        return env
+
+
+class GeminiCLIHarness(_Preset):
+    """Gemini CLI (``gemini --experimental-acp``) with API-key auth."""
+
+    name: ClassVar[str] = "gemini_cli"
+    #: Gemini CLI may declare MCP tools under their bare names when they do not clash.
+    builtin_tools: ClassVar[frozenset[str]] = frozenset(
+        {
+            "list_directory", "read_file", "grep_search", "glob", "replace", "write_file",
+            "web_fetch", "run_shell_command", "google_web_search", "save_memory",
+            "read_many_files", "write_todos", "activate_skill", "enter_plan_mode",
+        }
+    )  # fmt: skip
+    key_var: ClassVar[str] = "GEMINI_API_KEY"
+    openai_style: ClassVar[bool] = False
+    mcp_via_session: ClassVar[bool] = False
+
+    def default_executable(self) -> str:
+        return "gemini"
+
+    def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        server = {
+            "httpUrl": ctx.bridge_url,
+            "headers": {"Authorization": f"Bearer {ctx.bridge_token}"},
+            "trust": True,
+        }
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "telemetry": {"enabled": False},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+            "mcpServers": {ctx.server_name: server},
+        }
+        write_private(ctx.home / ".gemini" / "settings.json", json.dumps(settings))
+        command = [self.executable, "--experimental-acp"]
+        if self.model:
+            command += ["--model", self.model]
+        return command
+
+    def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
+        base, key = self.endpoint(ctx)
+        env = {"GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+        if base:
+            env["GOOGLE_GEMINI_BASE_URL"] = base
+        if key is not None:
+            env["GEMINI_API_KEY"] = key
+        return env
+
+
+class ClaudeAgentACPHarness(_Preset):
+    """claude-agent-acp (Claude Code behind ACP). Untested here: not installed."""
+
+    name: ClassVar[str] = "claude_agent_acp"
+    key_var: ClassVar[str] = "ANTHROPIC_API_KEY"
+    openai_style: ClassVar[bool] = False
+
+    def default_executable(self) -> str:
+        return "claude-agent-acp"
+
+    def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
+        from gym_harness.harnesses.claude_code import TELEMETRY_OFF
+
+        base, key = self.endpoint(ctx)
+        env = {**TELEMETRY_OFF, "CLAUDE_CONFIG_DIR": str(ctx.home / ".claude")}
+        if os.geteuid() == 0:
+            env["IS_SANDBOX"] = "1"  # else bypass-permission modes are refused as root
+        if base:
+            env["ANTHROPIC_BASE_URL"] = base
+        if key is not None:
+            env["ANTHROPIC_API_KEY"] = key
+        if self.model:
+            env["ANTHROPIC_MODEL"] = self.model
+        return env
+
+    def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        return [self.executable]
+
+
+class CodexACPHarness(_Preset):
+    """codex-acp (Codex behind ACP). Untested here: not installed.
+
+    Point ``executable`` at the native binary of its platform package: the JS
+    wrapper does not forward SIGTERM.
+    """
+
+    name: ClassVar[str] = "codex_acp"
+    key_var: ClassVar[str] = "OPENAI_API_KEY"
+
+    def default_executable(self) -> str:
+        return "codex-acp"
+
+    def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        base, _ = self.endpoint(ctx)
+        lines = [
+            'approval_policy = "never"',
+            'sandbox_mode = "workspace-write"',
+            "[analytics]",
+            "enabled = false",
+            "[feedback]",
+            "enabled = false",
+            "[features]",
+            "plugins = false",
+        ]
+        head = []
+        if self.model:
+            head.append(f"model = {json.dumps(self.model)}")
+        if base:
+            head.append('model_provider = "gym"')
+            lines += [
+                "[model_providers.gym]",
+                'name = "gym"',
+                f"base_url = {json.dumps(base)}",
+                'wire_api = "responses"',
+                f'env_key = "{MODEL_KEY_VAR}"',
+                "request_max_retries = 0",
+                "stream_max_retries = 0",
+            ]
+        write_private(ctx.home / ".codex" / "config.toml", "\n".join(head + lines) + "\n")
+        return [self.executable]
+
+    def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
+        _, key = self.endpoint(ctx)
+        env = {"CODEX_HOME": str(ctx.home / ".codex")}
+        if key is not None:
+            env[MODEL_KEY_VAR] = key
+        return env

@@ -1,0 +1,553 @@
+"""CodexHarness: one long-lived ``codex app-server`` speaking JSON-RPC on stdio.
+
+Per episode the adapter writes a private ``CODEX_HOME/config.toml`` (model
+provider with our base URL, no retries, approvals never, telemetry off; see
+``codex_config``) and starts ``codex app-server``. The handshake runs through
+``startup_lines``/``feed``::
+
+    initialize -> initialized + thread/start (env MCP server in the thread's config)
+    -> mcpServer/startupStatus/updated "ready" -> mcpServerStatus/list (the tool check)
+
+and the episode is ready once the env server lists every env tool. The bridge
+token reaches Codex through an environment variable named by the server
+entry's ``bearer_token_env_var``: never argv, never a file. Each turn is a
+``turn/start``; ``turn/completed`` ends it; ``turn/interrupt`` stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gym_harness.config import HarnessConfig
+from gym_harness.events import EventType, HarnessEvent
+from gym_harness.harnesses._common import (
+    RpcIds,
+    parse_object,
+    present,
+    private_home_env,
+    toml_document,
+    write_private,
+)
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+
+__all__ = ["KNOWN_MODELS", "CodexHarness", "catalog_entry", "codex_config"]
+
+#: The variable holding the bridge token (named by the MCP entry's ``bearer_token_env_var``).
+TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
+#: The variable holding the capture proxy's per-episode key.
+MODEL_KEY_VAR = "GYM_HARNESS_MODEL_API_KEY"
+#: Model names in the catalog bundled with Codex 0.171.0 (``codex debug models``).
+#: A ``model_catalog_json`` replaces that catalog, so it is written only for other names.
+KNOWN_MODELS = frozenset(
+    {
+        "gpt-6.2-sol", "gpt-6.2-astra", "gpt-6-astra", "gpt-6.1-sol", "gpt-6.1-terra",
+        "gpt-6-sol", "gpt-6-luna", "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna",
+        "gpt-daybreak-blue-latest", "gpt-daybreak-red-latest", "gpt-5.5", "codex-auto-review",
+    }
+)  # fmt: skip
+
+
+def codex_config(
+    *,
+    model: str | None,
+    base_url: str,
+    key_var: str,
+    sandbox: str,
+    catalog_path: Path | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """The ``config.toml`` of a quiet, offline-safe Codex pointed at ``base_url``.
+
+    Args:
+        model: The model name, or ``None`` for Codex's default.
+        base_url: The Responses API base URL (``.../v1``).
+        key_var: The variable Codex reads the API key from.
+        sandbox: The ``sandbox_mode``.
+        catalog_path: A ``model_catalog_json`` file, for a model Codex does not know.
+        extra: More keys merged over these (nested dicts are tables).
+
+    Returns:
+        The TOML text.
+    """
+    doc: dict[str, Any] = {
+        "model_provider": "gym_harness",
+        "approval_policy": "never",
+        "sandbox_mode": sandbox,
+        "check_for_update_on_startup": False,
+        # Each of these otherwise reaches for a public host at start.
+        "features": {"plugins": False},
+        "analytics": {"enabled": False},
+        "feedback": {"enabled": False},
+        "otel": {"exporter": "none"},
+        "model_providers": {
+            "gym_harness": {
+                "name": "gym_harness",
+                "base_url": base_url,
+                "wire_api": "responses",
+                "env_key": key_var,
+                # A retry hides a failing model behind a stall; the env reports it instead.
+                "request_max_retries": 0,
+                "stream_max_retries": 0,
+            }
+        },
+    }
+    if model:
+        doc["model"] = model
+    if catalog_path is not None:
+        doc["model_catalog_json"] = str(catalog_path)
+    return toml_document(_merge(doc, extra or {}))
+
+
+def catalog_entry(model: str) -> dict[str, Any]:
+    """A ``model_catalog_json`` entry for ``model``, modelled on Codex 0.171.0's gpt-5.5.
+
+    Without one Codex warns about the unknown model and hides MCP tools behind a
+    ``tool_search`` tool (``supports_search_tool`` is false here for that reason).
+    """
+    return {
+        "slug": model,
+        "display_name": model,
+        "description": "Configured by gym_harness.",
+        "default_reasoning_level": "medium",
+        "supported_reasoning_levels": [
+            {"effort": e, "description": e} for e in ("low", "medium", "high")
+        ],
+        "shell_type": "unified_exec",
+        "visibility": "list",
+        "supported_in_api": True,
+        "priority": 0,
+        "availability_nux": None,
+        "upgrade": None,
+        "base_instructions": _BASE_INSTRUCTIONS,
+        "include_skills_usage_instructions": False,
+        "include_plugin_usage_instructions": False,
+        "include_apps_usage_instructions": False,
+        "default_reasoning_summary": "none",
+        "support_verbosity": False,
+        "default_verbosity": None,
+        "apply_patch_tool_type": "freeform",
+        "web_search_tool_type": "text_and_image",
+        "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "supports_image_detail_original": False,
+        "context_window": 128000,
+        "max_context_window": 128000,
+        "effective_context_window_percent": 95,
+        "experimental_supported_tools": [],
+        "input_modalities": ["text"],
+        "supports_search_tool": False,
+        "supports_experimental_context": False,
+        "use_responses_lite": False,
+        "supports_reasoning_effort_updates": False,
+        "node_repl_auto_review_required": False,
+        "node_repl_disabled": False,
+    }
+
+
+_BASE_INSTRUCTIONS = (
+    "You are Codex, a coding agent. You and the user share a workspace: read files, run "
+    "commands and use the tools you are given to complete the user's task, then reply "
+    "with a concise account of what you did."
+)
+
+#: How each approval request is answered (env tools are approved up front).
+_DECLINE: dict[str, Any] = {
+    "item/commandExecution/requestApproval": {"decision": "decline"},
+    "item/fileChange/requestApproval": {"decision": "decline"},
+    "execCommandApproval": {"decision": "denied"},
+    "applyPatchApproval": {"decision": "denied"},
+    "item/permissions/requestApproval": {"permissions": {}, "scope": "turn"},
+    "item/tool/requestUserInput": {"answers": {}},
+}
+#: Thread items that are tool calls, and the name an event gives them.
+_TOOL_ITEMS = {"commandExecution": "shell", "fileChange": "apply_patch", "webSearch": "web_search"}
+
+
+class CodexHarness(Harness):
+    """OpenAI Codex (``codex app-server``) as a harness.
+
+    Args:
+        executable: The ``codex`` command or a path to it.
+        model: The model name; ``None`` keeps Codex's default.
+        base_url: An OpenAI-Responses-compatible endpoint (``.../v1``); ``None``
+            uses ``OPENAI_BASE_URL`` from the user's environment, else OpenAI's.
+        api_key_env: The variable in the user's environment holding the API key
+            (passed through by name: its value is never copied into the config).
+        sandbox: ``"read-only"``, ``"workspace-write"`` or ``"danger-full-access"``.
+        model_catalog: A ``model_catalog_json`` entry: ``None`` writes one only for
+            a model name this Codex version does not know, ``False`` never, or a
+            dict (an entry from ``codex debug models``) used as given.
+        extra_config: More ``config.toml`` keys, merged over ours (nested dicts are tables).
+        extra_args: More ``codex`` arguments, placed before ``app-server``
+            (``["-c", "key=value"]``).
+
+    Example:
+        >>> import gymnasium
+        >>> env = gymnasium.make("gym_harness/Codex-v0", model="gpt-5.5")  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "codex"
+
+    def __init__(
+        self,
+        *,
+        executable: str = "codex",
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        sandbox: str = "workspace-write",
+        model_catalog: bool | Mapping[str, Any] | None = None,
+        extra_config: Mapping[str, Any] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.executable = executable
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.sandbox = sandbox
+        self.model_catalog: bool | dict[str, Any] | None = (
+            dict(model_catalog) if isinstance(model_catalog, Mapping) else model_catalog
+        )
+        self.extra_config = dict(extra_config or {})
+        self.extra_args = tuple(extra_args)
+        self._reset_state(None)
+
+    def _reset_state(self, ctx: EpisodeContext | None) -> None:
+        self._ctx = ctx
+        self._rpc = RpcIds()
+        self.thread_id: str | None = None
+        self.turn_id: str | None = None
+        self._mcp_ready = False
+        self._listed = False
+        self._turn_texts: list[str] = []
+        self._calls: dict[str, str] = {}
+
+    # ----------------------------------------------------------------- launch
+
+    def mcp_server_entry(self, ctx: EpisodeContext) -> dict[str, Any]:
+        """The thread's ``mcp_servers.<name>`` entry for the bridge (token by env var)."""
+        return {
+            "url": ctx.bridge_url,
+            "bearer_token_env_var": TOKEN_VAR,
+            "default_tools_approval_mode": "approve",
+        }
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        """Write ``CODEX_HOME/config.toml`` and return the ``codex app-server`` command."""
+        self._reset_state(ctx)
+        codex_home = ctx.home / "codex"
+        codex_home.mkdir(mode=0o700, exist_ok=True)
+        env = {**private_home_env(ctx.home), "CODEX_HOME": str(codex_home)}
+        env[TOKEN_VAR] = ctx.bridge_token
+        inherit = tuple(n for n in config.inherit_env if n not in ("CODEX_HOME", TOKEN_VAR))
+        if ctx.model_base_url:
+            base_url = _v1(ctx.model_base_url)
+            key_var = MODEL_KEY_VAR
+            env[MODEL_KEY_VAR] = ctx.model_api_key or ""
+        else:
+            base_url = self.base_url or os.environ.get("OPENAI_BASE_URL") or ""
+            key_var = self.api_key_env
+            inherit += tuple(n for n in present([key_var]) if n not in inherit)
+        catalog_path = None
+        entry = self._catalog()
+        if entry is not None:
+            catalog_path = write_private(
+                codex_home / "model_catalog.json", json.dumps({"models": [entry]})
+            )
+        toml = codex_config(
+            model=self.model,
+            base_url=base_url or "https://api.openai.com/v1",
+            key_var=key_var,
+            sandbox=self.sandbox,
+            catalog_path=catalog_path,
+            extra=self.extra_config,
+        )
+        write_private(codex_home / "config.toml", toml)
+        command = [self.executable, *self.extra_args, "app-server"]
+        return config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+
+    def _catalog(self) -> dict[str, Any] | None:
+        if isinstance(self.model_catalog, dict):
+            return {**self.model_catalog, "slug": self.model or self.model_catalog["slug"]}
+        if self.model_catalog is False or not self.model or self.model in KNOWN_MODELS:
+            return None
+        return catalog_entry(self.model)
+
+    # ----------------------------------------------------------------- lines out
+
+    def startup_lines(self) -> list[str]:
+        """The ``initialize`` request; the rest of the handshake follows its answers."""
+        return [
+            self._rpc.request("initialize", {"clientInfo": {"name": "gym_harness", "version": "1"}})
+        ]
+
+    def message_lines(self, text: str) -> list[str]:
+        """A ``turn/start`` with ``text`` as the user input."""
+        self._turn_texts = []
+        self.turn_id = None
+        params = {"threadId": self.thread_id, "input": [{"type": "text", "text": text}]}
+        return [self._rpc.request("turn/start", params)]
+
+    def interrupt_lines(self) -> list[str]:
+        """A ``turn/interrupt`` for the running turn (none before its id is known)."""
+        if not self.thread_id or not self.turn_id:
+            return []
+        return [
+            self._rpc.request(
+                "turn/interrupt", {"threadId": self.thread_id, "turnId": self.turn_id}
+            )
+        ]
+
+    # ----------------------------------------------------------------- lines in
+
+    def feed(self, line: str) -> Feed:
+        """Map one JSON-RPC message to events, replies, readiness or the end of a turn."""
+        if not line.strip():
+            return Feed()
+        msg = parse_object(line)
+        if msg is None:
+            return Feed(
+                error_type="protocol_error", error=f"codex printed a non-JSON line: {line[:200]!r}"
+            )
+        if "method" in msg and "id" in msg:
+            return self._server_request(msg)
+        if "method" in msg:
+            return self._notification(msg["method"], msg.get("params") or {})
+        if "id" in msg:
+            return self._response(msg)
+        return Feed(events=[HarnessEvent(EventType.OTHER, msg)])
+
+    def _response(self, msg: dict[str, Any]) -> Feed:
+        method = self._rpc.settle(msg.get("id"))
+        if "error" in msg:
+            error = (
+                msg["error"].get("message", msg["error"])
+                if isinstance(msg["error"], dict)
+                else msg["error"]
+            )
+            kind = (
+                "protocol_error" if method in ("turn/start", "turn/interrupt") else "startup_failed"
+            )
+            return Feed(error_type=kind, error=f"codex answered {method} with an error: {error}")
+        result = msg.get("result") or {}
+        if method == "initialize":
+            assert self._ctx is not None
+            params = {
+                "cwd": str(self._ctx.workspace),
+                "approvalPolicy": "never",
+                "sandbox": self.sandbox,
+                "config": {
+                    "mcp_servers": {self._ctx.server_name: self.mcp_server_entry(self._ctx)}
+                },
+            }
+            return Feed(
+                replies=[
+                    self._rpc.notification("initialized"),
+                    self._rpc.request("thread/start", params),
+                ]
+            )
+        if method == "thread/start":
+            self.thread_id = result.get("thread", {}).get("id")
+            return self._maybe_list()
+        if method == "mcpServerStatus/list":
+            return self._tool_check(result)
+        if method == "turn/start":
+            self.turn_id = result.get("turn", {}).get("id") or self.turn_id
+        return Feed()
+
+    def _maybe_list(self) -> Feed:
+        if self.thread_id and self._mcp_ready and not self._listed:
+            self._listed = True
+            assert self._ctx is not None
+            params = {
+                "threadId": self.thread_id,
+                "serverName": self._ctx.server_name,
+                "detail": "toolsAndAuthOnly",
+            }
+            return Feed(replies=[self._rpc.request("mcpServerStatus/list", params)])
+        return Feed()
+
+    def _tool_check(self, result: dict[str, Any]) -> Feed:
+        assert self._ctx is not None
+        server = self._ctx.server_name
+        entries = [e for e in result.get("data", []) if e.get("name") == server]
+        tools = set(entries[0].get("tools", {})) if entries else set()
+        missing = [n for n in self._ctx.tool_names if n not in tools]
+        if not missing and entries:
+            return Feed(ready=True)
+        why = entries[0].get("toolsError") if entries else "not listed"
+        return Feed(error_type="startup_failed", error=self._missing(missing, why))
+
+    def _missing(self, missing: Sequence[str], why: Any) -> str:
+        assert self._ctx is not None
+        return (
+            f"Codex did not load the env tools {list(missing or self._ctx.tool_names)} from MCP "
+            f"server {self._ctx.server_name!r}: {why}. Check the bridge URL and token, and "
+            "that nothing blocks 127.0.0.1."
+        )
+
+    def _server_request(self, msg: dict[str, Any]) -> Feed:
+        method, params = msg["method"], msg.get("params") or {}
+        event = HarnessEvent(
+            EventType.OTHER, {"kind": "server_request", "method": method, "params": params}
+        )
+        if method == "mcpServer/elicitation/request":
+            ours = self._ctx is not None and params.get("serverName") == self._ctx.server_name
+            answer: dict[str, Any] = (
+                {"action": "accept", "content": {}} if ours else {"action": "decline"}
+            )
+            return Feed(events=[event], replies=[self._rpc.result(msg["id"], answer)])
+        if method in _DECLINE:
+            return Feed(events=[event], replies=[self._rpc.result(msg["id"], _DECLINE[method])])
+        reply = self._rpc.error(msg["id"], -32601, f"gym_harness does not handle {method}")
+        return Feed(events=[event], replies=[reply])
+
+    def _notification(self, method: str, params: dict[str, Any]) -> Feed:
+        if method == "mcpServer/startupStatus/updated":
+            return self._mcp_status(params)
+        if method == "turn/started":
+            self.turn_id = params.get("turn", {}).get("id") or self.turn_id
+            return Feed()
+        if method in ("item/started", "item/completed"):
+            return Feed(events=self._item(params.get("item") or {}, method == "item/completed"))
+        if method == "item/agentMessage/delta":
+            data = {
+                "kind": "text_delta",
+                "item_id": params.get("itemId"),
+                "delta": params.get("delta", ""),
+            }
+            return Feed(events=[HarnessEvent(EventType.OTHER, data)])
+        if method == "thread/tokenUsage/updated":
+            last = (params.get("tokenUsage") or {}).get("last") or {}
+            return Feed(events=[HarnessEvent(EventType.LLM_USAGE, _usage(last))])
+        if method == "turn/completed":
+            return self._turn_completed(params.get("turn") or {})
+        if method == "error":
+            return Feed(events=[HarnessEvent(EventType.ERROR, params)])
+        return Feed(events=[HarnessEvent(EventType.OTHER, {"kind": method, "params": params})])
+
+    def _mcp_status(self, params: dict[str, Any]) -> Feed:
+        assert self._ctx is not None
+        if params.get("name") != self._ctx.server_name:
+            return Feed()
+        status = params.get("status")
+        if status == "ready":
+            self._mcp_ready = True
+            return self._maybe_list()
+        if status in ("failed", "cancelled"):
+            return Feed(
+                error_type="startup_failed", error=self._missing((), params.get("error") or status)
+            )
+        return Feed()
+
+    def _item(self, item: dict[str, Any], completed: bool) -> list[HarnessEvent]:
+        kind = item.get("type")
+        if kind == "mcpToolCall":
+            name = str(item.get("tool", ""))
+            if not completed:
+                data = {
+                    "name": name,
+                    "arguments": item.get("arguments"),
+                    "server": item.get("server"),
+                    "id": item.get("id"),
+                }
+                return [HarnessEvent(EventType.TOOL_CALL, data)]
+            result = item.get("result") or {}
+            error = (item.get("error") or {}).get("message")
+            content = error or _content_text(result.get("content"))
+            is_error = bool(error) or item.get("status") == "failed" or bool(result.get("isError"))
+            data = {"name": name, "content": content, "is_error": is_error, "id": item.get("id")}
+            return [HarnessEvent(EventType.TOOL_RESULT, data)]
+        if kind in _TOOL_ITEMS:
+            name = _TOOL_ITEMS[str(kind)]
+            if not completed:
+                args = {
+                    k: v for k, v in item.items() if k in ("command", "cwd", "changes", "query")
+                }
+                return [
+                    HarnessEvent(
+                        EventType.TOOL_CALL, {"name": name, "arguments": args, "id": item.get("id")}
+                    )
+                ]
+            output = item.get("aggregatedOutput") or item.get("status") or ""
+            failed = item.get("status") in ("failed", "declined")
+            return [
+                HarnessEvent(
+                    EventType.TOOL_RESULT,
+                    {
+                        "name": name,
+                        "content": str(output),
+                        "is_error": failed,
+                        "id": item.get("id"),
+                    },
+                )
+            ]
+        if kind == "agentMessage" and completed:
+            text = str(item.get("text", ""))
+            self._turn_texts.append(text)
+            return [HarnessEvent(EventType.TEXT, {"text": text})]
+        if kind in ("agentMessage", "userMessage") and not completed:
+            return []
+        return [
+            HarnessEvent(
+                EventType.OTHER, {"kind": f"item_{kind}", "completed": completed, "item": item}
+            )
+        ]
+
+    def _turn_completed(self, turn: dict[str, Any]) -> Feed:
+        if not self._turn_texts:  # fall back to the turn's own summary
+            self._turn_texts = [
+                str(i.get("text", ""))
+                for i in turn.get("items", [])
+                if i.get("type") == "agentMessage"
+            ]
+        response = self._turn_texts[-1] if self._turn_texts else ""
+        status = turn.get("status")
+        if status == "failed":
+            message = (turn.get("error") or {}).get("message", "the turn failed")
+            event = HarnessEvent(
+                EventType.ERROR, {"error_type": "harness_error", "message": message}
+            )
+            return Feed(
+                events=[event],
+                turn_complete=True,
+                response=response,
+                error_type="harness_error",
+                error=f"Codex failed the turn: {message}",
+            )
+        return Feed(turn_complete=True, response=response)
+
+
+def _usage(last: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "input_tokens": last.get("inputTokens", 0),
+        "output_tokens": last.get("outputTokens", 0),
+        "cached_input_tokens": last.get("cachedInputTokens", 0),
+        "reasoning_output_tokens": last.get("reasoningOutputTokens", 0),
+        "total_tokens": last.get("totalTokens", 0),
+    }
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
+    return "" if content is None else str(content)
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _v1(url: str) -> str:
+    """An OpenAI-style base URL ends in ``/v1``; a bare proxy root gets it added."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"

@@ -1,0 +1,277 @@
+"""ACPHarness: the protocol against a tiny ACP agent script, then the real ACP CLIs.
+
+The fast tests run a real subprocess (a script written to ``tmp_path``) that
+speaks ACP, so handshake, permissions, refused requests, events, cancel and
+crashes are covered without a CLI. The ``cli`` tests drive OpenCode, Qwen Code
+and Gemini CLI against the scripted model server and the env's MCP bridge.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cli_support import cli_path
+from model_server import ScriptedModelServer
+
+from gym_harness.env import HarnessEnv
+
+FAKE_AGENT = textwrap.dedent(
+    """
+    import json, sys
+    def send(obj):
+        sys.stdout.write(json.dumps(obj) + "\\n"); sys.stdout.flush()
+    def read():
+        line = sys.stdin.readline()
+        if not line:
+            sys.exit(0)
+        return json.loads(line)
+    def ask(req_id, method, params):
+        send({"jsonrpc": "2.0", "id": req_id, "method": method, "params": params})
+        reply = read()
+        assert reply.get("id") == req_id, reply
+        return reply
+    options = [
+        {"optionId": "always", "name": "Always", "kind": "allow_always"},
+        {"optionId": "once", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+    ]
+    sid = "s-1"
+    history = []
+    while True:
+        msg = read()
+        method, mid, params = msg.get("method"), msg.get("id"), msg.get("params", {})
+        if method == "initialize":
+            send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1}})
+        elif method == "session/new":
+            servers = params["mcpServers"]
+            history.append("servers=" + json.dumps(servers))
+            send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": sid}})
+        elif method == "session/cancel":
+            continue
+        elif method == "session/prompt":
+            text = params["prompt"][0]["text"]
+            history.append(text)
+            if text == "hang":
+                while read().get("method") != "session/cancel":
+                    pass
+                send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "cancelled"}})
+                continue
+            if text == "die":
+                sys.exit(3)
+            env_call = {"toolCallId": "t1", "title": "mcp__env__echo", "rawInput": {"text": "hi"}}
+            allow = ask(100, "session/request_permission",
+                        {"sessionId": sid, "toolCall": env_call, "options": options})
+            deny = ask(101, "session/request_permission",
+                       {"sessionId": sid, "toolCall": {"toolCallId": "t2", "title": "bash"},
+                        "options": options})
+            fs = ask(102, "fs/read_text_file", {"sessionId": sid, "path": "/etc/passwd"})
+            def update(u):
+                send({"jsonrpc": "2.0", "method": "session/update",
+                      "params": {"sessionId": sid, "update": u}})
+            update({"sessionUpdate": "tool_call", "status": "pending", **env_call})
+            update({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+                    "status": "completed",
+                    "content": [{"type": "content", "content": {"type": "text", "text": "hi"}}]})
+            update({"sessionUpdate": "agent_thought_chunk",
+                    "content": {"type": "text", "text": "hmm"}})
+            summary = "allow=%s deny=%s fs=%s turns=%s %s" % (
+                allow["result"]["outcome"].get("optionId"),
+                deny["result"]["outcome"].get("optionId"),
+                fs["error"]["code"], "|".join(history[1:]), history[0])
+            for piece in (summary[:10], summary[10:]):
+                update({"sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": piece}})
+            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn",
+                  "usage": {"inputTokens": 7, "outputTokens": 3}}})
+    """
+)
+
+
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@pytest.fixture
+def fake_agent(tmp_path: Path) -> list[str]:
+    script = tmp_path / "fake_acp_agent.py"
+    script.write_text(FAKE_AGENT)
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.timeout(60)
+def test_acp_client_against_script(fake_agent: list[str]) -> None:
+    env = HarnessEnv("acp", command=fake_agent, tools=[echo], turn_timeout_s=20)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == ""
+        obs, _, terminated, truncated, info = env.step("first")
+        assert (terminated, truncated, info["error_type"]) == (False, False, "")
+        # Env tool granted (allow_always preferred), bash rejected, fs refused (-32601).
+        assert obs.startswith("allow=always deny=no fs=-32601 turns=first")
+        kinds = [e["type"] for e in info["events"]]
+        assert kinds.count("tool_call") == 1 and info["tool_calls"] == 1
+        call = next(e["data"] for e in info["events"] if e["type"] == "tool_call")
+        assert call["name"] == "echo" and call["arguments"] == {"text": "hi"}
+        result = next(e["data"] for e in info["events"] if e["type"] == "tool_result")
+        assert result == {"name": "echo", "content": "hi", "is_error": False, "id": "t1"}
+        usage = next(e["data"] for e in info["events"] if e["type"] == "llm_usage")
+        assert usage == {"input_tokens": 7, "output_tokens": 3}
+        obs, *_ = env.step("second")
+        assert "turns=first|second" in obs
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_acp_session_new_carries_bridge_with_token(fake_agent: list[str]) -> None:
+    env = HarnessEnv("acp", command=fake_agent, tools=[echo], turn_timeout_s=20)
+    try:
+        env.reset()
+        proc = env.process
+        assert proc is not None and proc.pid is not None
+        # The token travels over stdin (session/new), never argv.
+        assert not any("Bearer" in arg for arg in psutil.Process(proc.pid).cmdline())
+        obs, *_ = env.step("x")
+        assert '"name": "env"' in obs and '"value": "Bearer ' in obs
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_acp_hang_is_cancelled_and_truncated(fake_agent: list[str]) -> None:
+    env = HarnessEnv("acp", command=fake_agent, turn_timeout_s=30, idle_timeout_s=1.0)
+    try:
+        env.reset()
+        _, _, terminated, truncated, info = env.step("hang")
+        assert (terminated, truncated, info["error_type"]) == (False, True, "idle_timeout")
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_acp_agent_exit_mid_turn_is_a_crash(fake_agent: list[str]) -> None:
+    env = HarnessEnv("acp", command=fake_agent, turn_timeout_s=20)
+    try:
+        env.reset()
+        _, _, terminated, _, info = env.step("die")
+        assert terminated and info["error_type"] == "harness_crashed"
+    finally:
+        env.close()
+
+
+# --------------------------------------------------------------------------- real CLIs
+
+
+def _cli_kwargs(name: str, srv: ScriptedModelServer) -> dict[str, Any]:
+    if name == "opencode":
+        return {"executable": cli_path("opencode"), "base_url": srv.openai_base_url}
+    if name == "qwen_code":
+        return {"executable": cli_path("qwen"), "base_url": srv.openai_base_url}
+    return {"executable": cli_path("gemini"), "base_url": srv.base_url}
+
+
+AGENTS = ["opencode", "qwen_code", "gemini_cli"]
+
+
+def _make_env(
+    name: str, srv: ScriptedModelServer, tools: list[Any], mp: pytest.MonkeyPatch, **config: Any
+) -> HarnessEnv:
+    key_var = "GEMINI_API_KEY" if name == "gemini_cli" else "OPENAI_API_KEY"
+    mp.setenv(key_var, "sk-scripted")  # the preset copies it into the agent's environment
+    return HarnessEnv(
+        name,
+        tools=tools,
+        model="scripted-model",
+        startup_timeout_s=60,
+        **_cli_kwargs(name, srv),
+        **config,
+    )
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", AGENTS)
+def test_real_agent_two_turns(
+    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        calls.append((a, b))
+        return a + b
+
+    with ScriptedModelServer(tool="add", arguments={"a": 2, "b": 3}) as srv:
+        env = _make_env(name, srv, [add], monkeypatch, turn_timeout_s=60)
+        try:
+            _, info = env.reset()
+            assert info["error_type"] == "", info["error"]
+            obs, _, terminated, truncated, info = env.step("please add 2 and 3")
+            assert (terminated, truncated, info["error_type"]) == (False, False, ""), info
+            assert calls == [(2, 3)]  # seen on the tool's side, through the bridge
+            assert "tool said:" in obs and "5" in obs
+            assert info["tool_calls"] == 1
+            obs, _, _, _, info = env.step("and the second message")
+            assert info["error_type"] == "" and "the second message" in obs
+            last = srv.requests()[-1].body or {}
+            assert "please add 2 and 3" in str(last)  # turn 1 is still in the context
+        finally:
+            env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
+def test_real_agent_stalled_model_truncates(
+    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModelServer() as srv:
+        env = _make_env(name, srv, [echo], monkeypatch, turn_timeout_s=4, idle_timeout_s=60)
+        try:
+            env.reset()
+            srv.stall()
+            _, _, terminated, truncated, info = env.step("hello")
+            assert (terminated, truncated) == (False, True)
+            assert info["error_type"] in ("turn_timeout", "idle_timeout")
+        finally:
+            env.close()
+            srv.stop()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
+def test_real_agent_killed_mid_turn_crashes(
+    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModelServer() as srv:
+        env = _make_env(name, srv, [echo], monkeypatch, turn_timeout_s=60)
+        try:
+            env.reset()
+            proc = env.process
+            assert proc is not None and proc.pid is not None
+            pid = proc.pid
+            srv.stall()
+
+            def kill_when_stalled() -> None:
+                if srv.wait_stalled(1, timeout=30):
+                    os.kill(pid, signal.SIGKILL)
+
+            killer = threading.Thread(target=kill_when_stalled)
+            killer.start()
+            _, _, terminated, _, info = env.step("hello")
+            killer.join(timeout=40)
+            assert terminated and info["error_type"] == "harness_crashed"
+        finally:
+            env.close()
+            srv.stop()
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,344 @@
+"""CodexHarness: the adapter offline (config.toml, env, handshake, line mapping) and
+the real ``codex app-server`` through HarnessEnv against the scripted model server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cli_support import cli_path
+from model_server import ScriptedModelServer, Stall
+
+from gym_harness import HarnessEnv
+from gym_harness.config import HarnessConfig
+from gym_harness.events import EventType
+from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses.codex import CodexHarness
+
+TOKEN = "bridge-secret-token"
+
+
+def make_ctx(tmp_path: Path, **changes: Any) -> EpisodeContext:
+    (tmp_path / "home").mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    fields: dict[str, Any] = {
+        "episode_id": "ep1",
+        "workspace": tmp_path / "ws",
+        "home": tmp_path / "home",
+        "bridge_url": "http://127.0.0.1:9/mcp",
+        "bridge_token": TOKEN,
+        "tool_names": ("add",),
+        **changes,
+    }
+    return EpisodeContext(**fields)
+
+
+# ---------------------------------------------------------------- offline
+
+
+def test_launch_writes_a_private_quiet_config(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path)
+    harness = CodexHarness(
+        executable="codex", model="local-model", base_url="http://127.0.0.1:5/v1"
+    )
+    config = harness.launch(ctx, HarnessConfig())
+    assert config.command == ("codex", "app-server")
+    assert not any(TOKEN in arg for arg in config.command)
+    codex_home = Path(config.env["CODEX_HOME"])
+    assert codex_home.parent == ctx.home
+    toml_path = codex_home / "config.toml"
+    assert stat.S_IMODE(toml_path.stat().st_mode) == 0o600
+    assert TOKEN not in toml_path.read_text()
+    doc = tomllib.loads(toml_path.read_text())
+    provider = doc["model_providers"][doc["model_provider"]]
+    assert provider["base_url"] == "http://127.0.0.1:5/v1"
+    assert provider["wire_api"] == "responses"
+    assert provider["env_key"] == "OPENAI_API_KEY"
+    assert provider["request_max_retries"] == 0 and provider["stream_max_retries"] == 0
+    assert doc["approval_policy"] == "never"
+    assert doc["features"]["plugins"] is False
+    assert doc["analytics"]["enabled"] is False
+    catalog = json.loads(Path(doc["model_catalog_json"]).read_text())
+    (entry,) = catalog["models"]
+    assert entry["slug"] == "local-model" and entry["supports_search_tool"] is False
+
+
+def test_known_model_gets_no_catalog(tmp_path: Path) -> None:
+    config = CodexHarness(model="gpt-5.5").launch(make_ctx(tmp_path), HarnessConfig())
+    doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
+    assert "model_catalog_json" not in doc
+
+
+def test_capture_proxy_replaces_provider(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path, model_base_url="http://127.0.0.1:7", model_api_key="proxy-key")
+    config = CodexHarness(base_url="http://127.0.0.1:5/v1").launch(ctx, HarnessConfig())
+    doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
+    provider = doc["model_providers"][doc["model_provider"]]
+    assert provider["base_url"] == "http://127.0.0.1:7/v1"
+    assert config.env[provider["env_key"]] == "proxy-key"
+
+
+def handshake(harness: CodexHarness, tools: dict[str, Any]) -> list[Any]:
+    """Run the startup handshake with scripted server lines; return every Feed."""
+    feeds = []
+    (init,) = harness.startup_lines()
+    assert json.loads(init)["method"] == "initialize"
+    feeds.append(harness.feed(json.dumps({"id": 1, "result": {}})))
+    initialized, start = (json.loads(r) for r in feeds[-1].replies)
+    assert initialized["method"] == "initialized"
+    assert start["method"] == "thread/start"
+    server = start["params"]["config"]["mcp_servers"]["env"]
+    assert server["bearer_token_env_var"] and TOKEN not in json.dumps(start)
+    assert server["default_tools_approval_mode"] == "approve"
+    feeds.append(harness.feed(json.dumps({"id": start["id"], "result": {"thread": {"id": "t1"}}})))
+    status = {"name": "env", "status": "ready", "threadId": "t1"}
+    feeds.append(
+        harness.feed(json.dumps({"method": "mcpServer/startupStatus/updated", "params": status}))
+    )
+    (listing,) = (json.loads(r) for r in feeds[-1].replies)
+    assert listing["method"] == "mcpServerStatus/list"
+    result = {"data": [{"name": "env", "tools": tools}]}
+    feeds.append(harness.feed(json.dumps({"id": listing["id"], "result": result})))
+    return feeds
+
+
+def test_handshake_ready_when_env_tools_listed(tmp_path: Path) -> None:
+    harness = CodexHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    feeds = handshake(harness, {"add": {"name": "add"}})
+    assert feeds[-1].ready and not feeds[-1].error_type
+    assert harness.thread_id == "t1"
+
+
+def test_handshake_missing_tool_is_startup_failed(tmp_path: Path) -> None:
+    harness = CodexHarness()
+    harness.launch(make_ctx(tmp_path, tool_names=("add", "echo")), HarnessConfig())
+    feeds = handshake(harness, {"add": {"name": "add"}})
+    assert feeds[-1].error_type == "startup_failed"
+    assert "echo" in feeds[-1].error
+
+
+def test_turn_maps_items_and_ends_on_turn_completed(tmp_path: Path) -> None:
+    harness = CodexHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    handshake(harness, {"add": {}})
+    (start,) = (json.loads(line) for line in harness.message_lines("hi"))
+    assert start["method"] == "turn/start" and start["params"]["threadId"] == "t1"
+    harness.feed(json.dumps({"id": start["id"], "result": {"turn": {"id": "u1"}}}))
+    call = {
+        "type": "mcpToolCall",
+        "id": "c1",
+        "server": "env",
+        "tool": "add",
+        "arguments": {"a": 1},
+    }
+    started = harness.feed(json.dumps({"method": "item/started", "params": {"item": call}}))
+    assert started.events[0].type is EventType.TOOL_CALL
+    assert started.events[0].data["name"] == "add"
+    done = {**call, "status": "completed", "result": {"content": [{"type": "text", "text": "2"}]}}
+    completed = harness.feed(json.dumps({"method": "item/completed", "params": {"item": done}}))
+    assert completed.events[0].type is EventType.TOOL_RESULT
+    assert completed.events[0].data["content"] == "2"
+    message = {"type": "agentMessage", "id": "m1", "text": "the sum is 2"}
+    harness.feed(json.dumps({"method": "item/completed", "params": {"item": message}}))
+    usage = {"tokenUsage": {"last": {"inputTokens": 5, "outputTokens": 2}}}
+    used = harness.feed(json.dumps({"method": "thread/tokenUsage/updated", "params": usage}))
+    assert used.events[0].type is EventType.LLM_USAGE
+    assert used.events[0].data["input_tokens"] == 5
+    (interrupt,) = (json.loads(line) for line in harness.interrupt_lines())
+    assert interrupt["method"] == "turn/interrupt"
+    assert interrupt["params"] == {"threadId": "t1", "turnId": "u1"}
+    turn = {"id": "u1", "status": "completed", "items": []}
+    end = harness.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
+    assert end.turn_complete and end.response == "the sum is 2"
+
+
+def test_failed_turn_is_an_outcome(tmp_path: Path) -> None:
+    harness = CodexHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    turn = {"id": "u1", "status": "failed", "items": [], "error": {"message": "boom"}}
+    end = harness.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
+    assert end.turn_complete and end.error_type == "harness_error" and "boom" in end.error
+
+
+def test_approval_requests_are_answered(tmp_path: Path) -> None:
+    harness = CodexHarness()
+    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    cmd = {"id": 7, "method": "item/commandExecution/requestApproval", "params": {}}
+    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(cmd)).replies)
+    assert reply["id"] == 7 and reply["result"] == {"decision": "decline"}
+    ours = {"id": 8, "method": "mcpServer/elicitation/request", "params": {"serverName": "env"}}
+    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(ours)).replies)
+    assert reply["result"]["action"] == "accept"
+    other = {"id": 9, "method": "mcpServer/elicitation/request", "params": {"serverName": "x"}}
+    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(other)).replies)
+    assert reply["result"]["action"] == "decline"
+    unknown = {"id": 10, "method": "something/new", "params": {}}
+    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(unknown)).replies)
+    assert reply["error"]["code"] == -32601
+
+
+# ---------------------------------------------------------------- the real CLI
+
+
+class Calls:
+    """Env tools that record their calls (asserted on the tool's side)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def tools(self) -> list[Any]:
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            with self.lock:
+                self.seen.append((a, b))
+            return a + b
+
+        return [add]
+
+
+@pytest.fixture
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")  # passed through by name
+    with ScriptedModelServer(tool="add", arguments={"a": 20, "b": 22}) as srv:
+        yield srv
+
+
+def codex_env(model: ScriptedModelServer, calls: Calls, **kwargs: Any) -> HarnessEnv:
+    kwargs.setdefault("turn_timeout_s", 60)
+    kwargs.setdefault("idle_timeout_s", 30)
+    kwargs.setdefault("startup_timeout_s", 30)
+    harness = kwargs.pop("harness", None) or CodexHarness(
+        executable=cli_path("codex"), model="scripted-model", base_url=model.openai_base_url
+    )
+    return HarnessEnv(harness, tools=calls.tools(), **kwargs)
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
+    calls = Calls()
+    env = codex_env(model, calls)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == "", info
+        reply, _, terminated, truncated, info = env.step("please add the numbers")
+        assert info["error_type"] == "", info
+        assert calls.seen == [(20, 22)]
+        assert "42" in reply
+        assert not terminated and not truncated
+        assert info["tool_calls"] == 1
+        kinds = [e["type"] for e in info["events"]]
+        assert "tool_result" in kinds and "llm_usage" in kinds
+
+        reply2, _, _, _, info = env.step("second message")
+        assert info["error_type"] == "", info
+        assert "second message" in reply2
+        last = model.requests("responses")[-1]
+        assert "please add the numbers" in json.dumps(last.body["input"])
+        assert "second message" in json.dumps(last.body["input"])
+        assert last.headers["authorization"] == "Bearer test-key"
+        assert calls.seen == [(20, 22)]
+    finally:
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
+    env = codex_env(model, Calls(), turn_timeout_s=6, idle_timeout_s=3)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == "", info
+        model.enqueue(Stall())
+        _, _, terminated, truncated, info = env.step("hello")
+        assert truncated and not terminated
+        assert info["error_type"] in ("idle_timeout", "turn_timeout")
+    finally:
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
+    env = codex_env(model, Calls())
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == "", info
+        assert env.process is not None and env.process.pid is not None
+        tree = psutil.Process(env.process.pid).children(recursive=True)
+        pids = [env.process.pid, *(p.pid for p in tree)]  # the npm wrapper and the binary
+        model.stall()
+
+        def kill_all() -> None:
+            if model.wait_stalled(1, timeout=30):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):  # gone with its parent
+                        os.kill(pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_all)
+        killer.start()
+        _, _, terminated, truncated, info = env.step("hello")
+        killer.join(timeout=35)
+        assert terminated and not truncated
+        assert info["error_type"] == "harness_crashed"
+    finally:
+        model.release()
+        env.close()
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_close_leaves_no_process(model: ScriptedModelServer) -> None:
+    env = codex_env(model, Calls())
+    env.reset()
+    env.step("hello")
+    assert env.process is not None
+    tree = [env.process.pid, *(p.pid for p in psutil.Process(env.process.pid).children(True))]
+    env.close()
+    for pid in tree:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+class WrongTokenCodex(CodexHarness):
+    """Test-only: points the MCP entry at a variable holding a token the bridge rejects."""
+
+    def mcp_server_entry(self, ctx: EpisodeContext) -> dict[str, Any]:
+        return {**super().mcp_server_entry(ctx), "bearer_token_env_var": "WRONG_TOKEN"}
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        config = super().launch(ctx, config)
+        return config.replace(env={**config.env, "WRONG_TOKEN": "wrong"})
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("isolated_network")
+def test_broken_mcp_config_fails_as_startup_failed(model: ScriptedModelServer) -> None:
+    harness = WrongTokenCodex(
+        executable=cli_path("codex"), model="scripted-model", base_url=model.openai_base_url
+    )
+    env = codex_env(model, Calls(), harness=harness)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == "startup_failed"
+        assert "add" in info["error"]
+        _, _, terminated, _, info = env.step("please add")
+        assert terminated and info["error_type"] == "startup_failed"
+    finally:
+        env.close()
