@@ -20,7 +20,6 @@ import atexit
 import contextlib
 import enum
 import os
-import queue
 import select
 import shlex
 import shutil
@@ -31,7 +30,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, NoReturn
@@ -39,6 +38,7 @@ from typing import IO, NoReturn
 import psutil
 
 from gym_harness import _keeper
+from gym_harness._lines import LineQueue, read_lines
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
 
@@ -51,7 +51,6 @@ SESSION_VAR = _keeper.SESSION_VAR
 
 _STDERR_LINE_CAP = 64 * 1024
 _MIN_QUEUE_BYTES = 1 << 20
-_DISCARD_CHUNK = 64 * 1024
 _PIPE_BUFFER = 64 * 1024
 _EXIT_CHECK_S = 0.1
 _KILL_WAIT_S = 0.5
@@ -113,7 +112,7 @@ class HarnessProcess:
         self._lock = threading.Lock()
         self._stdin_lock = threading.Lock()
         self._popen: subprocess.Popen[bytes] | None = None
-        self._stdout = _LineQueue(max(4 * config.max_line_bytes, _MIN_QUEUE_BYTES))
+        self._stdout = LineQueue(max(4 * config.max_line_bytes, _MIN_QUEUE_BYTES))
         self._stderr: deque[str] = deque(maxlen=config.stderr_tail_lines)
         self._stderr_lock = threading.Lock()
         self._readers: list[threading.Thread] = []
@@ -378,14 +377,14 @@ class HarnessProcess:
 
     def _pump_stdout(self, stream: IO[bytes]) -> None:
         try:
-            for text, size in _lines(stream, self.config.max_line_bytes):
+            for text, size in read_lines(stream, self.config.max_line_bytes):
                 self._last_activity = time.monotonic()
                 self._stdout.put(text, size)
         finally:
             self._stdout.end()
 
     def _pump_stderr(self, stream: IO[bytes]) -> None:
-        for text, _ in _lines(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
+        for text, _ in read_lines(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
             self._last_activity = time.monotonic()
             with self._stderr_lock:
                 self._stderr.append(text)
@@ -440,101 +439,6 @@ class HarnessProcess:
     def _describe(self) -> str:
         text = shlex.join(self.config.command)
         return text if len(text) <= 120 else text[:117] + "..."
-
-
-class _LineQueue:
-    """Lines from the stdout reader to the caller, holding at most ``max_bytes`` unread.
-
-    Lines travel through a C ``SimpleQueue`` (one wake-up per line on the fast
-    path); the byte count only makes the reader wait when the caller falls behind.
-    """
-
-    _END = ("", -1)  # the last item ever put: EOF, or close()
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._items: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._has_room = threading.Condition(self._lock)
-        self._bytes = 0
-        self._ended = False  # the writer put _END
-        self._closed = False  # the consumer is gone: drop everything
-        self._seen_end = False  # the consumer took _END
-
-    @property
-    def finished(self) -> bool:
-        # Once _END is queued, a size of 1 means only _END is left unread.
-        return self._seen_end or self._closed or (self._ended and self._items.qsize() <= 1)
-
-    def put(self, text: str, size: int) -> None:
-        with self._lock:
-            # Always admit one line, however large, so a cut line never blocks forever.
-            while self._bytes and self._bytes + size > self._max and not self._closed:
-                self._has_room.wait()
-            if self._closed:
-                return
-            self._bytes += size
-        self._items.put((text, size))
-
-    def get(self, timeout_s: float) -> str | None:
-        if self._seen_end:
-            return None
-        try:
-            text, size = self._items.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            return None
-        if size < 0:
-            self._seen_end = True
-            self._items.put(self._END)  # for any other thread waiting in get()
-            return None
-        with self._lock:
-            self._bytes -= size
-            self._has_room.notify()
-        return text
-
-    def end(self) -> None:
-        with self._lock:
-            if not self._ended:
-                self._items.put(self._END)
-                self._ended = True  # only after _END is in: ``finished`` counts on it
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._bytes = 0
-            self._has_room.notify_all()
-            while True:  # drop unread lines now rather than when the object dies
-                try:
-                    self._items.get_nowait()
-                except queue.Empty:
-                    break
-            self._items.put(self._END)  # wakes a get() waiting in another thread
-
-
-def _lines(stream: IO[bytes], limit: int) -> Iterator[tuple[str, int]]:
-    """Yield (text, bytes held) per line; cut lines past ``limit`` bytes while reading.
-
-    Closes ``stream`` at EOF or on a read error (the reader thread owns it).
-    """
-    with stream:
-        try:
-            while raw := stream.readline(limit + 1):
-                size = len(raw)
-                if size > limit and not raw.endswith(b"\n"):
-                    cut = 1
-                    while rest := stream.readline(_DISCARD_CHUNK):
-                        if rest.endswith(b"\n"):
-                            cut += len(rest) - 1
-                            break
-                        cut += len(rest)
-                    text = raw[:limit].decode("utf-8", "replace")
-                    yield f"{text} …[cut {cut} bytes]", limit
-                    continue
-                if raw.endswith(b"\n"):
-                    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-                yield raw.decode("utf-8", "replace"), size
-        except (OSError, ValueError):
-            return  # the pipe broke or was closed under us: that is EOF
 
 
 def _reader(

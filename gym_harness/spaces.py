@@ -121,7 +121,9 @@ class UnicodeText(Space[str]):
 
         About half the characters are printable ASCII (with newline and tab);
         the rest are drawn from common scripts, CJK, emoji, and anywhere in Unicode.
-        The length is uniform between the bounds unless fixed by ``mask``.
+        The length is log-uniform between the bounds (every length can occur, short
+        ones most often: a 16M-character space samples messages, not megabytes)
+        unless fixed by ``mask``.
 
         Args:
             mask: ``None``, or ``(length, None)`` to fix the length as ``Text`` does.
@@ -140,7 +142,9 @@ class UnicodeText(Space[str]):
         length = self._length_from_mask(mask)
         rng = self.np_random
         if length is None:
-            length = int(rng.integers(self.min_length, self.max_length + 1))
+            span = self.max_length - self.min_length + 1
+            offset = int(np.exp(rng.uniform(0, np.log(span + 1)))) - 1
+            length = self.min_length + min(offset, span - 1)
         if length == 0:
             return ""
         ascii_mask = rng.random(length) < _ASCII_SHARE

@@ -532,6 +532,17 @@ def _anthropic(reply: Reply, body: Any, model: str, stream: bool) -> Events:
     return events
 
 
+def _tool_namespaces(tools: Any) -> dict[str, str]:
+    """Tool name -> its Responses ``namespace`` (Codex groups MCP tools as ``mcp__SERVER``)."""
+    found: dict[str, str] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            for sub in tool.get("tools") or []:
+                if isinstance(sub, dict) and isinstance(sub.get("name"), str):
+                    found[sub["name"]] = str(tool.get("name", ""))
+    return found
+
+
 def _responses(reply: Reply, body: Any, model: str, stream: bool) -> Events:
     args = json.dumps(reply.arguments)
     item: dict[str, Any]
@@ -544,6 +555,9 @@ def _responses(reply: Reply, body: Any, model: str, stream: bool) -> Events:
             "arguments": args,
             "status": "completed",
         }
+        namespace = _tool_namespaces((body or {}).get("tools")).get(reply.tool)
+        if namespace:
+            item["namespace"] = namespace
         n_out = max(1, len(args) // 4)
     else:
         part = {"type": "output_text", "text": reply.text, "annotations": []}

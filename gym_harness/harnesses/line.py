@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
@@ -20,6 +21,7 @@ from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 
 __all__ = ["CommandHarness", "ReferenceHarness"]
 
+_REFERENCE_AGENT = Path(__file__).resolve().parent.parent / "agents" / "reference.py"
 MCP_URL_VAR = "GYM_HARNESS_MCP_URL"
 MCP_TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
 
@@ -129,7 +131,8 @@ class ReferenceHarness(CommandHarness):
         self.max_tool_calls = max_tool_calls
 
     def default_config(self) -> HarnessConfig:
-        command = [sys.executable, "-m", "gym_harness.agents.reference", "--policy", self.policy]
+        # By path, not -m: -m would import gym_harness (gymnasium, numpy), ~0.25 s a reset.
+        command = [sys.executable, str(_REFERENCE_AGENT), "--policy", self.policy]
         inherit = tuple(DEFAULT_INHERIT_ENV)
         if self.policy == "openai":
             command += ["--api-key-env", self.api_key_env]

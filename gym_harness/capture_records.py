@@ -1,0 +1,333 @@
+"""The records of model calls: what ModelProxy keeps, and how it reads the wire.
+
+A :class:`ModelExchange` is one model call: the request, the answer assembled from
+the bytes the upstream sent (text, tool calls, stop reason, usage, logprobs, token
+ids), the stream's events, the timing, and what went wrong if anything did.
+:func:`assemble` builds one from raw bytes; it runs in the caller's thread when
+records are read, never in the proxy's hot path.
+
+Wire APIs understood: OpenAI Chat Completions, OpenAI Responses, Anthropic
+Messages, Gemini (anything else is recorded with api ``"other"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "ModelExchange",
+    "SSEEvent",
+    "TokenLogprob",
+    "ToolCallRecord",
+    "api_of",
+    "assemble",
+    "parse_sse",
+]
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call the model asked for. ``arguments`` is the JSON text as sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log-probability (and id, when the upstream gave one)."""
+
+    token: str
+    logprob: float
+    token_id: int | None = None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """One server-sent event as the upstream sent it (``event`` is "" when unnamed)."""
+
+    event: str
+    data: str
+
+
+@dataclass(frozen=True)
+class ModelExchange:
+    """One model call through the proxy: what went up, what came back, and how.
+
+    ``outcome`` is one of ``"ok"``, ``"refused"`` (upstream answered >= 400; passed
+    through unchanged), ``"dropped"`` (upstream broke the connection mid-answer),
+    ``"stalled"`` (upstream silent past ``timeout_s``), ``"unreachable"``,
+    ``"unauthorized"`` (wrong proxy token; nothing forwarded), ``"client_closed"`` (the
+    harness hung up first) or ``"cancelled"`` (the proxy stopped mid-answer).
+    ``request`` is the JSON body as sent upstream (after any logprobs request was added).
+    ``events`` holds a streamed answer event by event; ``body`` a non-streamed one.
+    Times are seconds from the moment the whole request had reached the proxy.
+    """
+
+    seq: int
+    api: str
+    method: str
+    path: str
+    request: Any
+    logprobs_added: bool
+    status: int
+    outcome: str
+    error: str
+    streamed: bool
+    events: tuple[SSEEvent, ...]
+    body: str
+    text: str
+    tool_calls: tuple[ToolCallRecord, ...]
+    stop_reason: str
+    usage: dict[str, Any]
+    logprobs: tuple[TokenLogprob, ...]
+    token_ids: tuple[int, ...]
+    started_at: float
+    ttfb_s: float | None
+    total_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return dict(json.loads(json.dumps(asdict(self))))
+
+
+def api_of(path: str) -> str:
+    """The wire API a request path belongs to: chat, responses, anthropic, gemini or other."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "anthropic"
+    if path.endswith((":generateContent", ":streamGenerateContent")):
+        return "gemini"
+    return "other"
+
+
+def parse_sse(raw: bytes) -> tuple[SSEEvent, ...]:
+    """Split an SSE body into events (comments and ``id``/``retry`` fields dropped)."""
+    events = []
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    for block in text.split("\n\n"):
+        name, data = "", []
+        for line in block.split("\n"):
+            field_name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field_name == "event":
+                name = value
+            elif field_name == "data":
+                data.append(value)
+        if data:
+            events.append(SSEEvent(name, "\n".join(data)))
+    return tuple(events)
+
+
+@dataclass
+class _Answer:
+    text: list[str] = field(default_factory=list)
+    calls: dict[Any, dict[str, str]] = field(default_factory=dict)
+    stop: str = ""
+    usage: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    def call(self, key: Any, id_: str = "", name: str = "", arguments: str = "") -> None:
+        slot = self.calls.setdefault(key, {"id": "", "name": "", "arguments": ""})
+        slot["id"] = slot["id"] or id_
+        slot["name"] = slot["name"] or name
+        slot["arguments"] += arguments
+
+
+def _logprob(entry: dict[str, Any]) -> TokenLogprob:
+    top = tuple(
+        (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+        for t in entry.get("top_logprobs") or []
+    )
+    return TokenLogprob(str(entry.get("token", "")), float(entry.get("logprob", 0.0)), top=top)
+
+
+def _feed_chat(ans: _Answer, obj: dict[str, Any]) -> None:
+    if obj.get("usage"):
+        ans.usage = dict(obj["usage"])
+    for choice in obj.get("choices") or []:
+        part = choice.get("delta") or choice.get("message") or {}
+        if isinstance(part.get("content"), str):
+            ans.text.append(part["content"])
+        for i, tc in enumerate(part.get("tool_calls") or []):
+            fn = tc.get("function") or {}
+            ans.call(
+                tc.get("index", i),
+                tc.get("id") or "",
+                fn.get("name") or "",
+                fn.get("arguments") or "",
+            )
+        if choice.get("finish_reason"):
+            ans.stop = str(choice["finish_reason"])
+        ans.logprobs += [_logprob(e) for e in (choice.get("logprobs") or {}).get("content") or []]
+        ans.token_ids += [int(t) for t in choice.get("token_ids") or []]
+
+
+def _feed_anthropic(ans: _Answer, obj: dict[str, Any]) -> None:
+    kind = obj.get("type")
+    if kind == "message":  # a whole, non-streamed message
+        for i, block in enumerate(obj.get("content") or []):
+            _anthropic_block(ans, i, block)
+        ans.stop, ans.usage = str(obj.get("stop_reason") or ""), dict(obj.get("usage") or {})
+    elif kind == "message_start":
+        ans.usage.update(obj.get("message", {}).get("usage") or {})
+    elif kind == "content_block_start":
+        _anthropic_block(ans, obj.get("index"), obj.get("content_block") or {}, streamed=True)
+    elif kind == "content_block_delta":
+        delta = obj.get("delta") or {}
+        if delta.get("type") == "text_delta":
+            ans.text.append(delta.get("text", ""))
+        elif delta.get("type") == "input_json_delta":
+            ans.call(obj.get("index"), arguments=delta.get("partial_json", ""))
+    elif kind == "message_delta":
+        ans.stop = str((obj.get("delta") or {}).get("stop_reason") or ans.stop)
+        ans.usage.update(obj.get("usage") or {})
+    elif kind == "error":
+        ans.stop = "error"
+
+
+def _anthropic_block(ans: _Answer, key: Any, block: dict[str, Any], streamed: bool = False) -> None:
+    if block.get("type") == "text":
+        ans.text.append(block.get("text", ""))
+    elif block.get("type") in ("tool_use", "server_tool_use"):
+        args = "" if streamed else json.dumps(block.get("input") or {})
+        ans.call(key, block.get("id", ""), block.get("name", ""), args)
+
+
+def _feed_responses(ans: _Answer, obj: dict[str, Any]) -> None:
+    kind = obj.get("type", "")
+    if obj.get("object") == "response":  # a whole, non-streamed response
+        for i, item in enumerate(obj.get("output") or []):
+            _responses_item(ans, i, item, with_text=True)
+        ans.stop, ans.usage = str(obj.get("status") or ""), dict(obj.get("usage") or {})
+    elif kind == "response.output_text.delta":
+        ans.text.append(obj.get("delta", ""))
+        ans.logprobs += [_logprob(e) for e in obj.get("logprobs") or []]
+    elif kind == "response.output_item.done":
+        _responses_item(ans, obj.get("output_index"), obj.get("item") or {}, with_text=False)
+    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+        response = obj.get("response") or {}
+        ans.stop, ans.usage = str(response.get("status") or ""), dict(response.get("usage") or {})
+    elif kind == "error":
+        ans.stop = "error"
+
+
+def _responses_item(ans: _Answer, key: Any, item: dict[str, Any], with_text: bool) -> None:
+    if item.get("type") == "function_call":
+        ans.call(key, item.get("call_id", ""), item.get("name", ""), item.get("arguments", ""))
+    elif item.get("type") == "message" and with_text:
+        ans.text += [
+            p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text"
+        ]
+
+
+def _feed_gemini(ans: _Answer, obj: dict[str, Any]) -> None:
+    if obj.get("usageMetadata"):
+        ans.usage = dict(obj["usageMetadata"])
+    for cand in (obj.get("candidates") or [])[:1]:
+        for part in (cand.get("content") or {}).get("parts") or []:
+            if isinstance(part.get("text"), str) and not part.get("thought"):
+                ans.text.append(part["text"])
+            if "functionCall" in part:
+                fc = part["functionCall"]
+                ans.call(
+                    len(ans.calls),
+                    fc.get("id", ""),
+                    fc.get("name", ""),
+                    json.dumps(fc.get("args") or {}),
+                )
+        if cand.get("finishReason"):
+            ans.stop = str(cand["finishReason"])
+        for chosen in (cand.get("logprobsResult") or {}).get("chosenCandidates") or []:
+            tid = chosen.get("tokenId")
+            ans.logprobs.append(
+                TokenLogprob(
+                    str(chosen.get("token", "")), float(chosen.get("logProbability", 0.0)), tid
+                )
+            )
+
+
+_FEED = {
+    "chat": _feed_chat,
+    "anthropic": _feed_anthropic,
+    "responses": _feed_responses,
+    "gemini": _feed_gemini,
+}
+
+
+def assemble(
+    *,
+    seq: int,
+    method: str,
+    path: str,
+    request: bytes,
+    logprobs_added: bool,
+    status: int,
+    outcome: str,
+    error: str,
+    answer: tuple[str, bytes] | None,
+    started_at: float,
+    ttfb_s: float | None,
+    total_s: float,
+) -> ModelExchange:
+    """Build the record of one exchange from the bytes that went up and came back."""
+    api = api_of(path)
+    ctype, raw = answer or ("", b"")
+    streamed = ctype.startswith("text/event-stream")
+    events = parse_sse(raw) if streamed else ()
+    body = "" if streamed else raw.decode("utf-8", "replace")
+    ans = _Answer()
+    feed = _FEED.get(api)
+    if feed is not None and status < 400:
+        payloads = [e.data for e in events] if streamed else [body]
+        for payload in payloads:
+            # "[DONE]", a broken final chunk, or a shape we do not know: keep the rest
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+                obj = json.loads(payload)
+                if isinstance(obj, dict):
+                    feed(ans, obj)
+    logprobs = ans.logprobs
+    if len(ans.token_ids) == len(logprobs):  # vLLM-style ids, one per logprob entry
+        logprobs = [
+            replace(lp, token_id=tid) for lp, tid in zip(logprobs, ans.token_ids, strict=True)
+        ]
+    parsed: Any = None
+    with contextlib.suppress(ValueError):
+        parsed = json.loads(request) if request else None
+    return ModelExchange(
+        seq=seq,
+        api=api,
+        method=method,
+        path=path,
+        request=parsed,
+        logprobs_added=logprobs_added,
+        status=status,
+        outcome=outcome,
+        error=error,
+        streamed=streamed,
+        events=events,
+        body=body,
+        text="".join(ans.text),
+        tool_calls=tuple(ToolCallRecord(**c) for _, c in sorted(ans.calls.items(), key=_order)),
+        stop_reason=ans.stop,
+        usage=ans.usage,
+        logprobs=tuple(logprobs),
+        token_ids=tuple(ans.token_ids),
+        started_at=started_at,
+        ttfb_s=ttfb_s,
+        total_s=total_s,
+    )
+
+
+def _order(item: tuple[Any, Any]) -> tuple[int, str]:
+    key = item[0]
+    return (key, "") if isinstance(key, int) else (1 << 30, str(key))
