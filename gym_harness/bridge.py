@@ -169,6 +169,9 @@ class MCPBridge:
         self.last_activity = time.monotonic()
         self.tool_calls = 0
         self.in_flight = 0
+        #: True once a harness holding the current token listed the tools (``tools/list``):
+        #: the env's proof that a harness which reports no tool list loaded them.
+        self.tools_listed = False
 
     @property
     def state(self) -> BridgeState:
@@ -192,6 +195,7 @@ class MCPBridge:
             The new token.
         """
         self._token = secrets.token_urlsafe(32)
+        self.tools_listed = False
         return self._token
 
     def list_tools(self) -> list[ToolSpec]:
@@ -292,7 +296,12 @@ class MCPBridge:
             ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
             for t in served
         ]
-        self._served = FastMCP("gym-harness-bridge", tools=served, on_duplicate="error")
+        self._served = FastMCP(
+            "gym-harness-bridge",
+            tools=served,
+            on_duplicate="error",
+            middleware=[_listing_watch(self)],
+        )
 
     @staticmethod
     def _check_requested(
@@ -501,6 +510,19 @@ def _served_tool_class() -> type[Tool]:
 
 
 _SERVED_TOOL_CLASS: type[Tool] | None = None
+
+
+def _listing_watch(bridge: MCPBridge) -> Any:
+    """FastMCP middleware that sets ``bridge.tools_listed`` when a harness lists the tools."""
+    from fastmcp.server.middleware import Middleware
+
+    class ListingWatch(Middleware):
+        async def on_list_tools(self, context: Any, call_next: Any) -> Any:
+            result = await call_next(context)
+            bridge.tools_listed = True
+            return result
+
+    return ListingWatch()
 
 
 class _ServedTool:

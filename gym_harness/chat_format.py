@@ -155,7 +155,8 @@ def _text(content: Any) -> str:
         texts = [
             part["text"] if isinstance(part, dict) else part
             for part in content
-            if isinstance(part, str) or (isinstance(part, dict) and isinstance(part.get("text"), str))
+            if isinstance(part, str)
+            or (isinstance(part, dict) and isinstance(part.get("text"), str))
         ]
         return "\n".join(texts)
     return json.dumps(content)
@@ -220,12 +221,10 @@ def _responses(request: dict[str, Any], ids: _Ids) -> list[Message]:
         elif kind.endswith("_call") and "call_id" in item:
             id_, name = str(item["call_id"]), str(item.get("name") or kind)
             names[id_] = name
-            args = item.get("arguments", item.get("input", item.get("action")))
-            call = {"type": "function", "id": id_, "function": {"name": name}}
-            call["function"]["arguments"] = _arguments(args)
+            args = _arguments(item.get("arguments", item.get("input", item.get("action"))))
             if not out or out[-1]["role"] != "assistant":
                 out.append(_assistant("", []))
-            out[-1]["tool_calls"].append(call)
+            out[-1]["tool_calls"] += _assistant("", [(id_, name, args)])["tool_calls"]
     return out
 
 
@@ -243,12 +242,6 @@ def _anthropic(request: dict[str, Any], ids: _Ids) -> list[Message]:
             blocks = [{"type": "text", "text": blocks}]
         texts: list[str] = []
         calls: list[tuple[str, str, str]] = []
-
-        def flush_texts() -> None:
-            if texts:
-                out.append(_message(role, "\n".join(texts)))
-                texts.clear()
-
         for block in blocks or []:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
@@ -258,21 +251,30 @@ def _anthropic(request: dict[str, Any], ids: _Ids) -> list[Message]:
                 names[id_] = name
                 calls.append((id_, name, _arguments(block.get("input"))))
             elif kind == "tool_result" and role == "user":
-                flush_texts()
+                texts = _flush(out, role, texts)
                 id_ = str(block.get("tool_use_id", ""))
                 out.append(_tool(id_, names.get(id_, ""), _text(block.get("content"))))
         if role == "assistant":
             out.append(_assistant("\n".join(texts), calls))
         else:
-            flush_texts()
+            _flush(out, role, texts)
     return out
+
+
+def _flush(out: list[Message], role: str, texts: list[str]) -> list[str]:
+    """Append the text gathered so far as one message; return a fresh list."""
+    if texts:
+        out.append(_message(role, "\n".join(texts)))
+    return []
 
 
 def _gemini(request: dict[str, Any], ids: _Ids) -> list[Message]:
     out: list[Message] = []
     system = request.get("systemInstruction") or request.get("system_instruction")
     if system:
-        out.append(_message("system", _text(system.get("parts") if isinstance(system, dict) else system)))
+        out.append(
+            _message("system", _text(system.get("parts") if isinstance(system, dict) else system))
+        )
     for content in request.get("contents") or []:
         if not isinstance(content, dict):
             continue
@@ -292,9 +294,7 @@ def _gemini(request: dict[str, Any], ids: _Ids) -> list[Message]:
                     ids.open.setdefault(name, []).append(id_)
                 calls.append((id_ or ids.call(name), name, _arguments(fc.get("args"))))
             elif isinstance(part.get("functionResponse"), dict) and role != "assistant":
-                if texts:
-                    out.append(_message(role, "\n".join(texts)))
-                    texts = []
+                texts = _flush(out, role, texts)
                 fr = part["functionResponse"]
                 name = str(fr.get("name", ""))
                 id_ = str(fr.get("id") or "")
@@ -303,8 +303,8 @@ def _gemini(request: dict[str, Any], ids: _Ids) -> list[Message]:
                 out.append(_tool(id_ or ids.result(name), name, _response_text(fr.get("response"))))
         if role == "assistant":
             out.append(_assistant("\n".join(texts), calls))
-        elif texts:
-            out.append(_message(role, "\n".join(texts)))
+        else:
+            _flush(out, role, texts)
     return out
 
 

@@ -365,7 +365,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         )
         self._proc = HarnessProcess(config)
         self._runner = TurnRunner(
-            self.harness, self._proc, config, self._bridge, self._emit, self._proxy
+            self.harness, self._proc, config, self._bridge, self._emit, self._proxy, ctx.tool_names
         )
         try:
             self._proc.start()

@@ -146,6 +146,12 @@ class Trajectory:
             "reset_s": self.reset_s,
         }
 
+    def _repr_html_(self) -> str:
+        """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""
+        from gym_harness.display import trajectory_html
+
+        return trajectory_html(self)
+
     def transcript(self) -> str:
         """The episode as plain text, one block per turn (``render_mode="ansi"``)."""
         lines = [f"episode {self.episode_id} ({self.harness})"]

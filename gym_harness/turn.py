@@ -52,6 +52,7 @@ class TurnRunner:
         bridge: The env's MCP bridge; its tool calls count as signs of life.
         emit: Called with every event as soon as it is parsed.
         proxy: The env's model proxy, if it captures; model traffic counts as life.
+        tool_names: The env tools served this episode (for the bridge tool check).
     """
 
     def __init__(
@@ -62,9 +63,11 @@ class TurnRunner:
         bridge: MCPBridge | None,
         emit: Callable[[HarnessEvent], None],
         proxy: ModelProxy | None = None,
+        tool_names: tuple[str, ...] = (),
     ) -> None:
         self.harness = harness
         self.proxy = proxy
+        self._unconfirmed = tool_names if harness.confirm_tools_via_bridge else ()
         self.proc = proc
         self.config = config
         self.bridge = bridge
@@ -143,6 +146,13 @@ class TurnRunner:
                     error=feed.error,
                 )
             if feed.turn_complete:
+                if missing := self._missing_tools():
+                    return TurnResult(
+                        response=feed.response,
+                        events=tuple(events),
+                        error_type="startup_failed",
+                        error=missing,
+                    )
                 return TurnResult(response=feed.response, events=tuple(events), done=feed.done)
 
     # ----------------------------------------------------------------- internals
@@ -162,6 +172,16 @@ class TurnRunner:
         except HarnessCrashed:
             return False
         return True
+
+    def _missing_tools(self) -> str:
+        """After a turn: "" once the harness has listed the env tools over MCP, else why not."""
+        if not self._unconfirmed or (self.bridge is not None and self.bridge.tools_listed):
+            self._unconfirmed = ()
+            return ""
+        return (
+            f"the harness never listed the env tools {list(self._unconfirmed)} over MCP "
+            "during its first turn: its MCP server configuration was dropped or broken"
+        )
 
     def _idle_deadline(self, turn_start: float) -> float:
         last = max(turn_start, self.proc.last_activity)

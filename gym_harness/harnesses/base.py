@@ -100,6 +100,10 @@ class Harness(ABC):
     builtin_tools: ClassVar[frozenset[str]] = frozenset()
     #: True when the harness can take a message as soon as it is spawned.
     ready_on_spawn: ClassVar[bool] = False
+    #: True when the harness shows no tool list the adapter could check (ACP agents):
+    #: the env then requires the bridge to have seen the harness list the env tools
+    #: by the end of the first turn, else that turn fails as ``startup_failed``.
+    confirm_tools_via_bridge: ClassVar[bool] = False
 
     def default_config(self) -> HarnessConfig:
         """The config this harness runs with before the user's overrides."""
