@@ -26,6 +26,7 @@ import pstats
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from _common import Row, format_table, interleaved, line_agent, median, ratio_row, timed
 
@@ -112,7 +113,7 @@ def measure(steps: int, resets: int) -> tuple[list[Row], dict[str, float]]:
     return [step_row, reset_row], firsts
 
 
-def _step(env: HarnessEnv) -> object:
+def _step(env: HarnessEnv) -> Callable[[], None]:
     def run() -> None:
         _, _, terminated, truncated, info = env.step("ping")
         assert not (terminated or truncated), info
@@ -152,8 +153,8 @@ PHASES = {
         ("HarnessEnv.step", "gym_harness.env:HarnessEnv.step"),
         ("  TurnRunner.run", "gym_harness.turn:TurnRunner.run"),
         ("    HarnessProcess.write_line", "gym_harness.process:HarnessProcess.write_line"),
-        ("    HarnessProcess.read_line (all lines)", "gym_harness.process:HarnessProcess.read_line"),
-        ("    CommandHarness.feed (all lines)", "gym_harness.harnesses.line:CommandHarness.feed"),
+        ("    HarnessProcess.read_line (4 lines)", "gym_harness.process:HarnessProcess.read_line"),
+        ("    CommandHarness.feed (4 lines)", "gym_harness.harnesses.line:CommandHarness.feed"),
         ("  HarnessEnv._record", "gym_harness.env:HarnessEnv._record"),
         ("  HarnessEnv._info", "gym_harness.env:HarnessEnv._info"),
     ),

@@ -135,7 +135,7 @@ def vector_rows(quick: bool) -> list[Row]:
 PROBES = {
     "bare": "import subprocess, sys\n"
     "p = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
-    "p.stdout.readline(); p.stdin.write('{\"type\":\"message\",\"content\":\"hi\"}\\n')\n"
+    'p.stdout.readline(); p.stdin.write(\'{"type":"message","content":"hi"}\\n\')\n'
     "p.stdin.flush()\nwhile 'turn_complete' not in p.stdout.readline(): pass\n"
     "print('ready', flush=True); input(); p.communicate(timeout=10)\n",
     "ours": "import sys\nfrom gym_harness import HarnessEnv\n"

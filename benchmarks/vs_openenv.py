@@ -116,7 +116,7 @@ def drive_openenv(harness_python: str, steps: int, resets: int) -> tuple[dict[st
         "error": HarnessEventType.ERROR,
     }
 
-    class LineAdapter(AgenticHarnessAdapter):  # type: ignore[misc]
+    class LineAdapter(AgenticHarnessAdapter):
         """Line protocol v1 on OpenEnv's HarnessProcess (the least such an adapter needs)."""
 
         def __init__(self, config: Any) -> None:

@@ -150,6 +150,10 @@ class ModelProxy:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._client: httpx2.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._cut: dict[asyncio.Task[Any], str] = {}
         self._port = 0
         #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
         #: sign of life for the env's idle (stall) detection.
@@ -202,6 +206,40 @@ class ModelProxy:
             self._assemble_pending()
             out, self._records = self._records, []
         return out
+
+    def cut_in_flight(self, why: str, timeout_s: float = 2.0) -> int:
+        """End every exchange still waiting on the upstream, recording it as ``"stalled"``.
+
+        The env calls this when a turn ends in an error while the harness may still
+        wait on the model (a deadline passed, say), so the record of that call lands
+        in the turn it belongs to. A cut exchange answers the harness 504 if it had no
+        answer yet, or breaks its connection mid-stream.
+
+        Args:
+            why: Goes into each cut record's ``error``.
+            timeout_s: Longest wait for the cut exchanges to be recorded.
+
+        Returns:
+            How many exchanges were in flight.
+        """
+        loop = self._loop
+        if self._state is not ProxyState.RUNNING or loop is None or not self._inflight:
+            return 0
+        count = len(self._inflight)
+
+        def cut() -> None:
+            for task in self._inflight:
+                self._cut[task] = why
+                task.cancel()
+
+        try:
+            loop.call_soon_threadsafe(cut)
+        except RuntimeError:  # the loop closed meanwhile
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return count
 
     def start(self) -> None:
         """Bind 127.0.0.1 on an OS-chosen port and serve from a thread of its own.
@@ -258,12 +296,17 @@ class ModelProxy:
         sent, added = self._maybe_add_logprobs(path, sent)
         url = self.upstream + path + (f"?{query}" if query else "")
         disconnect = asyncio.ensure_future(receive())  # resolves when the harness hangs up
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
         try:
             await self._forward(
                 method, path, url, outgoing, sent, added, send, disconnect, started_at, t0
             )
         finally:
             disconnect.cancel()
+            self._inflight.discard(task)
+            self._cut.pop(task, None)
 
     async def _forward(
         self,
@@ -284,6 +327,19 @@ class ModelProxy:
             response = await self._client.send(request, stream=True)
         except httpx2.TimeoutException as exc:
             outcome, status, why = "stalled", 504, f"upstream silent for {self.timeout_s}s: {exc!r}"
+        except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
+            # Connected, then closed before any answer. The harness gets a 502 (ASGI has
+            # no way to close its connection before a response starts).
+            outcome, status, why = "dropped", 502, f"upstream closed without answering: {exc!r}"
+        except asyncio.CancelledError:
+            cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
+            outcome, status = ("stalled", 504) if cut is not None else ("cancelled", 502)
+            why = f"no answer from the upstream when {cut}" if cut else "the proxy stopped"
+            self._record(method, path, content, added, started_at, t0, status, outcome, why, None)
+            if cut is None:
+                raise
+            await _send_json(send, status, _error(why))
+            return
         except httpx2.HTTPError as exc:
             outcome, status, why = "unreachable", 502, f"upstream unreachable: {exc!r}"
         else:
@@ -328,9 +384,12 @@ class ModelProxy:
             outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc!r}"
         except httpx2.HTTPError as exc:
             outcome, why = "dropped", f"upstream connection broke mid-answer: {exc!r}"
-        except asyncio.CancelledError:  # the proxy is stopping with this exchange in flight
-            outcome, why = "cancelled", "the proxy stopped mid-answer"
-            raise
+        except asyncio.CancelledError:  # the env cut it, or the proxy is stopping
+            cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
+            if cut is None:
+                outcome, why = "cancelled", "the proxy stopped mid-answer"
+                raise
+            outcome, why = "stalled", f"the answer was unfinished when {cut}"
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await response.aclose()
@@ -496,6 +555,7 @@ class ModelProxy:
             # trust_env=False: a proxy variable in the environment must not reroute model traffic.
             async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as client:
                 self._client = client
+                self._loop = asyncio.get_running_loop()
                 await server.serve(sockets=[sock])
 
         try:
@@ -526,7 +586,7 @@ class ModelProxy:
                 thread.join(0.5)
             if thread.is_alive():
                 logger.warning("the model proxy thread did not stop in time; left as a daemon")
-        self._server, self._thread, self._client = None, None, None
+        self._server, self._thread, self._client, self._loop = None, None, None, None
 
 
 _QUIET = _QuietBrokenStreams()

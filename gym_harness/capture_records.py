@@ -60,8 +60,9 @@ class ModelExchange:
     """One model call through the proxy: what went up, what came back, and how.
 
     ``outcome`` is one of ``"ok"``, ``"refused"`` (upstream answered >= 400; passed
-    through unchanged), ``"dropped"`` (upstream broke the connection mid-answer),
-    ``"stalled"`` (upstream silent past ``timeout_s``), ``"unreachable"``,
+    through unchanged), ``"dropped"`` (upstream broke the connection before or during
+    its answer), ``"stalled"`` (upstream silent past ``timeout_s``, or still owing its
+    answer when the env cut it at the end of a turn), ``"unreachable"``,
     ``"unauthorized"`` (wrong proxy token; nothing forwarded), ``"client_closed"`` (the
     harness hung up first) or ``"cancelled"`` (the proxy stopped mid-answer).
     ``request`` is the JSON body as sent upstream (after any logprobs request was added).

@@ -199,9 +199,11 @@ def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pair each turn's llm_request / llm_response events into exchange records.
 
     Each record has ``messages`` (the exchange as chat messages: the prompt, then the
-    model's answer with its tool calls) and ``raw`` (the proxy's whole record).
+    model's answer with its tool calls), ``tools`` (the function tools offered, as
+    OpenAI schemas) and ``raw`` (the proxy's whole record). Requests that are no
+    model call (probes, model lists, token counts) are left out.
     """
-    from gym_harness.chat_format import exchange_messages
+    from gym_harness.chat_format import exchange_messages, exchange_tools
 
     requests: dict[int, dict[str, Any]] = {}
     out = []
@@ -212,7 +214,16 @@ def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 requests[data["seq"]] = data
             elif event["type"] == "llm_response":
                 raw = {**requests.pop(data["seq"], {}), **data}
-                out.append({"turn": turn["turn"], "messages": exchange_messages(raw), "raw": raw})
+                if raw.get("api", "other") == "other":
+                    continue
+                out.append(
+                    {
+                        "turn": turn["turn"],
+                        "messages": exchange_messages(raw),
+                        "tools": exchange_tools(raw),
+                        "raw": raw,
+                    }
+                )
     return out
 
 

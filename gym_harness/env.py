@@ -232,7 +232,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 budget = self._episode_started + self.config.episode_timeout_s
             result = self._runner.run(action, episode_deadline=budget)
         if self._proxy is not None:
-            result = _with_model_calls(result, self._proxy.drain())
+            result = _with_model_calls(result, self._proxy)
         record = self._record(turn, action, result, started_at, time.monotonic() - start)
         self.trajectory.turns.append(record)
         if record.terminated or record.truncated:
@@ -444,8 +444,15 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._episode_dir = None
 
 
-def _with_model_calls(result: TurnResult, exchanges: Sequence[Any]) -> TurnResult:
-    """Merge the proxy's records of the turn into its events, in time order."""
+def _with_model_calls(result: TurnResult, proxy: ModelProxy) -> TurnResult:
+    """Merge the proxy's records of the turn into its events, in time order.
+
+    A turn that ended in an error (a deadline, a crash) may leave a model call
+    waiting on the upstream: it is cut first, so its record lands in this turn.
+    """
+    if result.error_type:
+        proxy.cut_in_flight(f"the turn ended ({result.error_type})")
+    exchanges = proxy.drain()
     if not exchanges:
         return result
     calls: list[HarnessEvent] = []

@@ -70,7 +70,7 @@ def test_rollout_writes_one_record_per_episode(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["rollout", "/nonexistent/tasks.jsonl", "--out", "/tmp/x.jsonl"], "Cannot read tasks file"),
+        (["rollout", "/nonexistent/t.jsonl", "--out", "/tmp/x.jsonl"], "Cannot read tasks file"),
         (["run", "--env", "gym_harness/Nope-v0"], "Nope"),
         (["run", "--set", "turn_timeout_s=-1"], "turn_timeout_s"),
         (["run", "--set", "no_such_option=1"], "Unknown keyword"),

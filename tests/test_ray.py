@@ -130,13 +130,13 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
         obs, *_ = envs.step(np.array(["a", "b"], dtype=object))
         assert list(obs) == ["echo: a", "echo: b"]
         before = envs.worker_info()
-        ray.kill(envs.actors[1])  # mid-episode
+        ray.kill(envs.actors[1])  # mid-episode; the kill is asynchronous: wait for it
+        assert gone([before[1]["pid"], before[1]["harness_pid"]])  # the harness died with it
         obs, rewards, terminated, truncated, info = envs.step(np.array(["c", "d"], dtype=object))
         assert list(obs) == ["echo: c", ""]
         assert list(terminated) == [False, True] and not truncated.any()
         assert list(info["error_type"]) == ["", "worker_lost"]
         assert info["turn"][1] == 2 and "Actor" in info["error"][1]
-        assert gone([before[1]["pid"], before[1]["harness_pid"]])  # the harness died with it
         obs, _, terminated, _, info = envs.step(np.array(["e", "ignored"], dtype=object))
         assert list(obs) == ["echo: e", ""] and list(info["turn"]) == [3, 0]  # autoreset
         assert list(info["error_type"]) == ["", ""] and not terminated.any()

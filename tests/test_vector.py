@@ -20,9 +20,7 @@ COMMAND = [sys.executable, AGENT]
 def harness_pids(envs: gymnasium.vector.VectorEnv) -> list[int]:
     """Pids of the harness processes below this test process."""
     return [
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if AGENT in " ".join(p.cmdline())
+        p.pid for p in psutil.Process().children(recursive=True) if AGENT in " ".join(p.cmdline())
     ]
 
 
@@ -50,7 +48,7 @@ def test_vector_episodes_with_autoreset(mode: str) -> None:
         truncations = 0
         for turn in range(7):
             actions = np.array([f"m{turn}-{i} ✓" for i in range(4)], dtype=object)
-            obs, rewards, terminated, truncated, info = envs.step(actions)
+            obs, _rewards, terminated, truncated, info = envs.step(actions)
             if turn % 4 == 3:  # the autoreset step after each 3-turn episode
                 assert list(obs) == [""] * 4
                 continue
@@ -69,7 +67,9 @@ def test_one_crashing_sub_env_leaves_the_others_alone() -> None:
     envs = gymnasium.make_vec("gym_harness/Command-v0", num_envs=3, command=COMMAND)
     try:
         envs.reset(seed=0)
-        obs, _, terminated, truncated, info = envs.step(np.array(["a", "crash", "c"], dtype=object))
+        obs, _, terminated, _truncated, info = envs.step(
+            np.array(["a", "crash", "c"], dtype=object)
+        )
         assert list(terminated) == [False, True, False]
         assert list(info["error_type"]) == ["", "harness_crashed", ""]
         assert obs[0] == "echo: a" and obs[2] == "echo: c"
@@ -88,7 +88,7 @@ def test_close_terminate_leaves_no_process() -> None:
     pids = harness_pids(envs)
     assert len(pids) == 2
     envs.close(terminate=True)  # workers get SIGTERM and never run env.close()
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 5)
+    _gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 5)
     assert not alive, alive
 
 

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "MODEL_KEY_VAR",
     "RpcIds",
     "json_line",
+    "openai_base",
     "parse_object",
     "present",
     "private_home_env",
@@ -214,3 +216,14 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as TOML")
+
+
+#: The variable through which an adapter hands its harness the model API key
+#: (the capture proxy's per-episode token, or the user's key).
+MODEL_KEY_VAR = "GYM_HARNESS_MODEL_API_KEY"
+
+
+def openai_base(url: str) -> str:
+    """An OpenAI-style base URL ends in ``/v1``; a bare origin (the capture proxy) gets it."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"

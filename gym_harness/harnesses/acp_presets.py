@@ -23,9 +23,10 @@ import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gym_harness.harnesses._common import write_private
+from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base, write_private
 from gym_harness.harnesses.acp import ACPHarness
 from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses.codex_config import DEFAULT_OPENAI_BASE, codex_config
 
 __all__ = [
     "ClaudeAgentACPHarness",
@@ -35,8 +36,6 @@ __all__ = [
     "QwenCodeHarness",
 ]
 
-#: The variable the presets put an API key in when they write it for the agent.
-MODEL_KEY_VAR = "GYM_HARNESS_MODEL_KEY"
 
 
 class _Preset(ACPHarness):
@@ -69,7 +68,7 @@ class _Preset(ACPHarness):
         """The (base URL, API key) the agent must use this episode, ``None`` for its own."""
         if ctx.model_base_url:
             base = ctx.model_base_url.rstrip("/")
-            return (base + "/v1" if self.openai_style else base), ctx.model_api_key or ""
+            return (openai_base(base) if self.openai_style else base), ctx.model_api_key or ""
         return self.base_url, os.environ.get(self.api_key_env) or None
 
 
@@ -281,31 +280,13 @@ class CodexACPHarness(_Preset):
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         base, _ = self.endpoint(ctx)
-        lines = [
-            'approval_policy = "never"',
-            'sandbox_mode = "workspace-write"',
-            "[analytics]",
-            "enabled = false",
-            "[feedback]",
-            "enabled = false",
-            "[features]",
-            "plugins = false",
-        ]
-        head = []
-        if self.model:
-            head.append(f"model = {json.dumps(self.model)}")
-        if base:
-            head.append('model_provider = "gym"')
-            lines += [
-                "[model_providers.gym]",
-                'name = "gym"',
-                f"base_url = {json.dumps(base)}",
-                'wire_api = "responses"',
-                f'env_key = "{MODEL_KEY_VAR}"',
-                "request_max_retries = 0",
-                "stream_max_retries = 0",
-            ]
-        write_private(ctx.home / ".codex" / "config.toml", "\n".join(head + lines) + "\n")
+        toml = codex_config(
+            model=self.model,
+            base_url=base or DEFAULT_OPENAI_BASE,
+            key_var=MODEL_KEY_VAR,
+            sandbox="workspace-write",
+        )
+        write_private(ctx.home / ".codex" / "config.toml", toml)
         return [self.executable]
 
     def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
