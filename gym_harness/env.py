@@ -90,8 +90,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         tool_timeout_s: A tool call running longer returns an error to the harness.
         capture: Route the harness's model calls through a loopback ``ModelProxy``
             that records every exchange as ``llm_request`` / ``llm_response`` events.
-        upstream: With ``capture``, the real API's base URL (what you would give the
-            harness as its base URL); the harness is pointed at the proxy instead.
+        upstream: With ``capture``, the real API's origin (``https://api.example.com``,
+            ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
+            path); the harness is pointed at the proxy instead.
         upstream_api_key_env: With ``capture``, the variable holding the real key; it
             stays in this process (the harness gets a per-episode proxy token).
         request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
@@ -145,7 +146,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             isinstance(upstream, str) and upstream.startswith(("http://", "https://"))
         ):
             raise ConfigError(
-                f"capture=True needs upstream='http(s)://...' (the real API's base URL), "
+                f"capture=True needs upstream='http(s)://host[:port]' (the real API's origin), "
                 f"got {upstream!r}."
             )
         self.render_mode = render_mode

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
+from gym_harness.harnesses._common import openai_base
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 
 __all__ = ["CommandHarness", "ReferenceHarness"]
@@ -147,11 +148,10 @@ class ReferenceHarness(CommandHarness):
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
         config = super().launch(ctx, config)
         if self.policy == "openai" and ctx.model_base_url:
-            env = {**config.env, "OPENAI_BASE_URL": ctx.model_base_url}
-            if ctx.model_api_key:
-                env[self.api_key_env] = ctx.model_api_key
-            command = [a for a in config.command]
+            base = openai_base(ctx.model_base_url)
+            env = {**config.env, "OPENAI_BASE_URL": base, self.api_key_env: ctx.model_api_key or ""}
+            command = list(config.command)
             if "--base-url" in command:
-                command[command.index("--base-url") + 1] = ctx.model_base_url
+                command[command.index("--base-url") + 1] = base
             config = config.replace(env=env, command=command)
         return config
