@@ -12,7 +12,16 @@ Example:
 
 from __future__ import annotations
 
-from gym_harness.bridge import MCPBridge
+from gym_harness.bridge import MCPBridge, ToolCallResult
+from gym_harness.capture import (
+    ModelExchange,
+    ModelProxy,
+    ProxyState,
+    SSEEvent,
+    TokenLogprob,
+    ToolCallRecord,
+)
+from gym_harness.chat_format import exchange_messages, exchange_tools
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
@@ -33,7 +42,7 @@ from gym_harness.process import HarnessProcess, ProcessUsage
 from gym_harness.registration import register_envs
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
-from gym_harness.tools import RESERVED_TOOL_NAMES, resolve_tool_conflicts, tool_tags
+from gym_harness.tools import RESERVED_TOOL_NAMES, ToolSpec, resolve_tool_conflicts, tool_tags
 from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
 from gym_harness.vector import make_vector_env
 
@@ -58,20 +67,30 @@ __all__ = [
     "HarnessProcess",
     "HarnessStartError",
     "MCPBridge",
+    "ModelExchange",
+    "ModelProxy",
     "ProcessUsage",
     "ProtocolError",
+    "ProxyState",
     "RESERVED_TOOL_NAMES",
     "ReferenceHarness",
     "RewardContext",
     "RewardFn",
+    "SSEEvent",
     "Task",
+    "TokenLogprob",
+    "ToolCallRecord",
+    "ToolCallResult",
     "ToolConflictError",
+    "ToolSpec",
     "Trajectory",
     "TurnRecord",
     "TurnResult",
     "TurnTimeout",
     "UnicodeText",
     "__version__",
+    "exchange_messages",
+    "exchange_tools",
     "harness_class",
     "load_tasks",
     "make_vector_env",

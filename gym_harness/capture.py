@@ -27,10 +27,8 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
-
-import httpx2
 
 from gym_harness.capture_records import (
     ModelExchange,
@@ -42,6 +40,9 @@ from gym_harness.capture_records import (
     parse_sse,
 )
 from gym_harness.errors import CaptureError
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = [
     "ModelExchange",
@@ -321,6 +322,8 @@ class ModelProxy:
         started_at: float,
         t0: float,
     ) -> None:
+        import httpx2  # imported by the proxy thread, not by ``import gym_harness``
+
         assert self._client is not None
         request = self._client.build_request(method, url, headers=headers, content=content)
         try:
@@ -359,6 +362,8 @@ class ModelProxy:
         started_at: float,
         t0: float,
     ) -> None:
+        import httpx2
+
         out_headers = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in response.headers.multi_items()
@@ -549,6 +554,8 @@ class ModelProxy:
     def _serve(self, server: Any, sock: socket.socket, failure: list[BaseException]) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+
+        import httpx2
 
         async def run() -> None:
             timeout = httpx2.Timeout(self.timeout_s, connect=self.connect_timeout_s)

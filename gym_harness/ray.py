@@ -367,6 +367,7 @@ def ray_rollout(
     follow_up: str,
     out: TextIO,
     progress: Callable[[int, str], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
     address: str | None = None,
     num_workers: int | None = None,
     resources_per_env: Mapping[str, Any] | None = None,
@@ -390,6 +391,7 @@ def ray_rollout(
         follow_up: The message of every turn after the first.
         out: Where the JSON lines go (flushed after each).
         progress: Called with (episodes done, outcome) after each.
+        on_record: Called with each record before it is written (it may add keys).
         address: The cluster (see ``connect``); Ray started here is shut down at the end.
         num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
         resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
@@ -458,6 +460,8 @@ def ray_rollout(
                     actors[slot] = pool.new()
                     record = _lost_record(env_id, task_dicts[t], seed + j, k, error)
                 record["task"] = task_dicts[t]
+                if on_record is not None:
+                    on_record(record)
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 done += 1

@@ -727,9 +727,10 @@ def _route(method: str, path: str, body: Any, default_model: str) -> tuple[str, 
         return "other", False, model
     if path in ("/v1/messages", "/messages"):
         return "anthropic", stream, model
-    if path.endswith("/responses"):
+    # Exact paths: a client that doubles a prefix (``/v1/v1/...``) must see a 404.
+    if path in ("/v1/responses", "/responses"):
         return "responses", stream, model
-    if path.endswith("/chat/completions"):
+    if path in ("/v1/chat/completions", "/chat/completions"):
         return "chat", stream, model
     match = _GEMINI_PATH.search(path)
     if match and match.group(2) != "countTokens":

@@ -81,7 +81,7 @@ def comparable(info: dict[str, Any]) -> dict[str, list[Any]]:
 
 @pytest.mark.timeout(120)
 def test_four_envs_through_autoreset_episodes_match_sync_vector_env(ray_instance: None) -> None:
-    kwargs = {"max_episode_steps": 2}
+    kwargs: dict[str, Any] = {"max_episode_steps": 2}
     envs = RayVectorEnv(
         "gym_harness/Reference-v0", 4, env_kwargs=kwargs, resources_per_env=HALF_CPU
     )
@@ -99,7 +99,7 @@ def test_four_envs_through_autoreset_episodes_match_sync_vector_env(ray_instance
         harness_pids = [w["harness_pid"] for w in envs.worker_info()]
         assert len(set(harness_pids)) == 4 and None not in harness_pids
         ended = np.zeros(4, dtype=int)
-        for _ in range(6):
+        for _ in range(5):
             actions = np.array(list(obs), dtype=object)
             obs, rewards, terminated, truncated, info = envs.step(actions)
             want = local.step(actions)
@@ -133,7 +133,7 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
         ray.kill(envs.actors[1])  # mid-episode; the kill is asynchronous: wait for it
         assert gone([before[1]["pid"], before[1]["harness_pid"]])  # the harness died with it
         obs, rewards, terminated, truncated, info = envs.step(np.array(["c", "d"], dtype=object))
-        assert list(obs) == ["echo: c", ""]
+        assert list(obs) == ["echo: c", ""] and rewards[1] == 0.0
         assert list(terminated) == [False, True] and not truncated.any()
         assert list(info["error_type"]) == ["", "worker_lost"]
         assert info["turn"][1] == 2 and "Actor" in info["error"][1]
@@ -199,7 +199,7 @@ def _deterministic(record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 def test_ray_rollout_writes_the_local_rollouts_records(ray_instance: None) -> None:
-    tasks = list(load_tasks(demo_tasks_path()))
+    tasks = [t for t in load_tasks(demo_tasks_path()) if t.id in ("add", "finish")]
     big = tasks[0].to_dict() | {"id": "big", "files": {"data/big.txt": "x" * (2 << 20)}}
     tasks.append(type(tasks[0]).from_dict(big))  # a 2 MB workspace file, put once
     env = gymnasium.make("gym_harness/Reference-v0")
@@ -241,10 +241,5 @@ def test_ray_rollout_writes_the_local_rollouts_records(ray_instance: None) -> No
     remote = {(r["task_id"], r["episode_index"]): _deterministic(r) for r in records}
     assert remote == local
     assert {r["outcome"] for r in records} >= {"done", "max_turns"}
-    assert any(t["tool_calls"] for r in records for t in [_tool_calls(r)])
-
-
-def _tool_calls(record: dict[str, Any]) -> dict[str, int]:
-    return {
-        "tool_calls": sum(e["type"] == "tool_call" for t in record["turns"] for e in t["events"])
-    }
+    assert all(r["task"] == t.to_dict() for r in records for t in tasks if t.id == r["task_id"])
+    assert any(turn[-1] for r in remote.values() for turn in r["turns"])  # real tool calls

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
-from gym_harness.harnesses._common import openai_base
+from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 
 __all__ = ["CommandHarness", "ReferenceHarness"]
@@ -25,6 +25,8 @@ __all__ = ["CommandHarness", "ReferenceHarness"]
 _REFERENCE_AGENT = Path(__file__).resolve().parent.parent / "agents" / "reference.py"
 MCP_URL_VAR = "GYM_HARNESS_MCP_URL"
 MCP_TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
+#: With ``capture=True``: the model proxy's origin and its per-episode key.
+MODEL_URL_VAR = "GYM_HARNESS_MODEL_BASE_URL"
 
 _EVENT_KEYS = {
     EventType.TEXT: ("text",),
@@ -55,6 +57,9 @@ class CommandHarness(Harness):
         self._plain_text = config.allow_plain_text
         self._texts = []
         env = {**config.env, MCP_URL_VAR: ctx.bridge_url, MCP_TOKEN_VAR: ctx.bridge_token}
+        if ctx.model_base_url:  # capture: the harness's model calls go through the proxy
+            env[MODEL_URL_VAR] = ctx.model_base_url
+            env[MODEL_KEY_VAR] = ctx.model_api_key or ""
         return config.replace(env=env)
 
     def message_lines(self, text: str) -> list[str]:
