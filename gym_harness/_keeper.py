@@ -22,15 +22,15 @@ which makes the user's process a subreaper (it may be a Jupyter kernel):
    carries a registered marker (setsid grandchildren, double-forked daemons
    re-parented to PID 1), and exits.
 
-Keeper lifetime: it lives exactly while its owner has a live ``HarnessProcess``.
-When the last one stops, the owner closes the pipe and reaps the keeper, so once
-``stop()`` returns nothing of ours runs, which is what the autouse guard in
+Keeper lifetime: it lives while its owner has a live ``HarnessProcess`` or holds
+it (``hold``/``release``: an env holds it from its first reset to ``close`` so
+that a reset, which stops one harness and starts the next, does not restart
+it). When the last harness stops and no hold is left, the owner closes the pipe
+and reaps the keeper, so nothing of ours runs afterwards, which is what the autouse guard in
 ``tests/conftest.py`` checks after every test (the keeper is a child of the
 pytest process). It runs in its own session (a terminal's Ctrl-C does not reach
 it), carries no marker, and carries ``GYM_HARNESS_SESSION`` when set, so a keeper
-that outlived its owner is visible to the same sweep. The price: an env whose
-``reset`` stops one harness and starts the next restarts the keeper each time
-(one extra vfork+exec on the critical path).
+that outlived its owner is visible to the same sweep.
 
 Linux only (``/proc``, prctl). Forking the owner while harnesses run is not
 supported: the child forgets the spawner and the keeper (``os.register_at_fork``).
@@ -134,6 +134,7 @@ class _Keeper:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._markers: dict[str, int] = {}
+        self._holds = 0
 
     @property
     def pid(self) -> int | None:
@@ -155,17 +156,30 @@ class _Keeper:
         with self._lock:
             if self._markers.pop(marker, None) is None:
                 return
-            if self._markers:
+            if self._markers or self._holds:
                 with contextlib.suppress(OSError):  # a later add() starts a fresh keeper
                     self._send(f"- {marker}\n")
                 return
             self._shutdown()
+
+    def hold(self) -> None:
+        """Keep the keeper running between harnesses until ``release``."""
+        with self._lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        """Undo one ``hold``; stop the keeper when no hold and no harness is left. Never raises."""
+        with self._lock:
+            self._holds = max(0, self._holds - 1)
+            if not self._holds and not self._markers:
+                self._shutdown()
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's keeper without touching it."""
         proc, self._proc = self._proc, None
         self._lock = threading.Lock()
         self._markers.clear()
+        self._holds = 0
         if proc is not None:
             proc.returncode = 0  # not our child: keep Popen.__del__ from waiting or warning
             if proc.stdin is not None:

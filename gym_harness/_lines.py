@@ -1,114 +1,100 @@
-"""Reading a harness's output: bounded line splitting and a bounded line queue.
+"""Splitting a harness's output into lines, with a bound on what is held.
 
-``read_lines`` turns a byte stream into decoded lines (UTF-8 with replacement;
-a line over the limit is cut while it is read, so a 20 MB line never sits in
-memory whole). ``LineQueue`` carries lines from a reader thread to the caller,
-holding at most a byte budget of unread lines (the reader then waits: back
-pressure on the harness, never a deadlock for us).
+``LineSplitter`` turns chunks of bytes into decoded lines (UTF-8 with
+replacement); a line longer than the limit is cut while it is read, so a
+20 MB line never sits in memory whole. ``read_batches`` runs one over a whole
+stream, a batch of lines per read (the stderr reader thread uses it).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import os
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["LineQueue", "read_lines"]
+__all__ = ["READ_CHUNK", "LineSplitter", "read_batches"]
 
-_DISCARD_CHUNK = 64 * 1024
+#: Bytes asked of the pipe per read.
+READ_CHUNK = 64 * 1024
 
 
-class LineQueue:
-    """Lines from the stdout reader to the caller, holding at most ``max_bytes`` unread.
+class LineSplitter:
+    """Cut a byte stream into lines of at most ``limit`` bytes each.
 
-    Lines travel through a C ``SimpleQueue`` (one wake-up per line on the fast
-    path); the byte count only makes the reader wait when the caller falls behind.
+    ``feed`` returns the complete lines a chunk finishes, as (text, bytes
+    held); ``finish`` returns the last line, if the stream ended without a
+    newline. A longer line keeps its first ``limit`` bytes, the rest is counted
+    and dropped, and its text ends with `` …[cut N bytes]``. At most ``limit``
+    bytes of an unfinished line are ever held.
     """
 
-    _END = ("", -1)  # the last item ever put: EOF, or close()
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pending = b""  # the start of a line whose newline has not come (<= limit bytes)
+        self._head: bytes | None = None  # the kept part of a line being cut
+        self._cut = 0
 
-    def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._items: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._has_room = threading.Condition(self._lock)
-        self._bytes = 0
-        self._ended = False  # the writer put _END
-        self._closed = False  # the consumer is gone: drop everything
-        self._seen_end = False  # the consumer took _END
+    def feed(self, data: bytes) -> list[tuple[str, int]]:
+        """Return the lines that ``data`` completes."""
+        lines: list[tuple[str, int]] = []
+        if self._head is not None:
+            newline = data.find(b"\n")
+            if newline < 0:
+                self._cut += len(data)
+                return lines
+            lines.append(_cut_line(self._head, self._cut + newline))
+            self._head, self._cut, data = None, 0, data[newline + 1 :]
+        if self._pending:
+            data, self._pending = self._pending + data, b""
+        start, limit = 0, self.limit
+        while (newline := data.find(b"\n", start)) >= 0:
+            if newline - start > limit:
+                lines.append(_cut_line(data[start : start + limit], newline - start - limit))
+            else:
+                lines.append(_line(data[start:newline]))
+            start = newline + 1
+        rest = data[start:]
+        if len(rest) > limit:
+            self._head, self._cut = rest[:limit], len(rest) - limit
+        else:
+            self._pending = rest
+        return lines
 
-    @property
-    def finished(self) -> bool:
-        # Once _END is queued, a size of 1 means only _END is left unread.
-        return self._seen_end or self._closed or (self._ended and self._items.qsize() <= 1)
-
-    def put(self, text: str, size: int) -> None:
-        with self._lock:
-            # Always admit one line, however large, so a cut line never blocks forever.
-            while self._bytes and self._bytes + size > self._max and not self._closed:
-                self._has_room.wait()
-            if self._closed:
-                return
-            self._bytes += size
-        self._items.put((text, size))
-
-    def get(self, timeout_s: float) -> str | None:
-        if self._seen_end:
-            return None
-        try:
-            text, size = self._items.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            return None
-        if size < 0:
-            self._seen_end = True
-            self._items.put(self._END)  # for any other thread waiting in get()
-            return None
-        with self._lock:
-            self._bytes -= size
-            self._has_room.notify()
-        return text
-
-    def end(self) -> None:
-        with self._lock:
-            if not self._ended:
-                self._items.put(self._END)
-                self._ended = True  # only after _END is in: ``finished`` counts on it
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._bytes = 0
-            self._has_room.notify_all()
-            while True:  # drop unread lines now rather than when the object dies
-                try:
-                    self._items.get_nowait()
-                except queue.Empty:
-                    break
-            self._items.put(self._END)  # wakes a get() waiting in another thread
+    def finish(self) -> list[tuple[str, int]]:
+        """Return the unfinished last line, if any (the stream ended)."""
+        head, pending, cut = self._head, self._pending, self._cut
+        self._head, self._pending, self._cut = None, b"", 0
+        if head is not None:
+            return [_cut_line(head, cut)]
+        return [_line(pending)] if pending else []
 
 
-def read_lines(stream: IO[bytes], limit: int) -> Iterator[tuple[str, int]]:
-    """Yield (text, bytes held) per line; cut lines past ``limit`` bytes while reading.
+def read_batches(stream: IO[bytes], limit: int) -> Iterator[list[tuple[str, int]]]:
+    """Yield, per read of ``stream``, the lines it completes (see ``LineSplitter``).
 
-    Closes ``stream`` at EOF or on a read error (the reader thread owns it).
+    Closes ``stream`` at EOF or on a read error (the reading thread owns it).
     """
+    splitter = LineSplitter(limit)
+    fd = stream.fileno()
     with stream:
-        try:
-            while raw := stream.readline(limit + 1):
-                size = len(raw)
-                if size > limit and not raw.endswith(b"\n"):
-                    cut = 1
-                    while rest := stream.readline(_DISCARD_CHUNK):
-                        if rest.endswith(b"\n"):
-                            cut += len(rest) - 1
-                            break
-                        cut += len(rest)
-                    text = raw[:limit].decode("utf-8", "replace")
-                    yield f"{text} …[cut {cut} bytes]", limit
-                    continue
-                if raw.endswith(b"\n"):
-                    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-                yield raw.decode("utf-8", "replace"), size
-        except (OSError, ValueError):
-            return  # the pipe broke or was closed under us: that is EOF
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except OSError:
+                data = b""
+            batch = splitter.feed(data) if data else splitter.finish()
+            if batch:
+                yield batch
+            if not data:
+                return
+
+
+def _line(raw: bytes) -> tuple[str, int]:
+    size = len(raw) + 1
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    return raw.decode("utf-8", "replace"), size
+
+
+def _cut_line(head: bytes, cut: int) -> tuple[str, int]:
+    return f"{head.decode('utf-8', 'replace')} …[cut {cut} bytes]", len(head)

@@ -22,7 +22,8 @@ import gymnasium
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.tasks import load_tasks
+from gym_harness.rollout import run_episode
+from gym_harness.tasks import Task, load_tasks
 
 __all__ = ["main"]
 
@@ -76,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     roll.add_argument("-n", type=int, default=1, help="episodes per task")
     roll.add_argument("--out", type=Path, required=True, help="output JSONL, a record an episode")
     roll.add_argument("--follow-up", default="Continue.", help="message of turns after the first")
+    roll.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="spread the episodes over a Ray cluster at ADDRESS (default: RAY_ADDRESS, "
+        "else a local instance); needs gym_harness[ray]",
+    )
     roll.add_argument(
         "--capture",
         metavar="UPSTREAM",
@@ -138,6 +148,8 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             upstream_api_key_env=args.upstream_key_env,
             request_logprobs=args.logprobs,
         )
+    if args.ray is not None:
+        return _ray_rollout(args, kwargs, tasks, max_turns)
     env = _make(args.env, kwargs)
     total = len(tasks) * args.n
     done = 0
@@ -146,7 +158,16 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
         with args.out.open("w", encoding="utf-8") as out:
             for task in tasks:
                 for k in range(args.n):
-                    record = _episode(env, task.to_dict(), args.seed + done, k, max_turns, args)
+                    record = run_episode(
+                        env,
+                        task.to_dict(),
+                        env_id=args.env,
+                        seed=args.seed + done,
+                        index=k,
+                        max_turns=max_turns,
+                        follow_up=args.follow_up,
+                    )
+                    _add_exchanges(record, args)
                     out.write(json.dumps(record) + "\n")
                     out.flush()
                     done += 1
@@ -158,41 +179,36 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     return 0
 
 
-def _episode(
-    env: gymnasium.Env[str, str],
-    task: dict[str, Any],
-    seed: int,
-    index: int,
-    max_turns: int,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    started = time.monotonic()
-    prompt, _ = env.reset(seed=seed, options={"task": task})
-    message = prompt
-    for _ in range(max_turns):
-        _, _, terminated, truncated, _ = env.step(message)
-        if terminated or truncated:
-            break
-        message = args.follow_up
-    record: dict[str, Any] = env.unwrapped.trajectory.to_dict()  # type: ignore[attr-defined]
-    turns = record["turns"]
-    if record["outcome"] == "running":  # the rollout stopped it, not the harness
-        record["outcome"] = "max_turns"
-    record.update(
-        env_id=args.env,
-        episode_index=index,
-        seed=seed,
-        messages=[{"role": r, "content": t[k]} for t in turns for r, k in _ROLES],
-        error_type=turns[-1]["error_type"] if turns else "",
-        timings={
-            "reset_s": record["reset_s"],
-            "turns_s": [t["elapsed_s"] for t in turns],
-            "total_s": time.monotonic() - started,
-        },
-    )
+def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
     if args.capture:
-        record["llm_exchanges"] = llm_exchanges(turns)
-    return record
+        record["llm_exchanges"] = llm_exchanges(record["turns"])
+
+
+def _ray_rollout(
+    args: argparse.Namespace, kwargs: dict[str, Any], tasks: Sequence[Task], max_turns: int
+) -> int:
+    from gym_harness.ray import ray_rollout
+
+    progress = _Progress(len(tasks) * args.n, sys.stderr)
+    try:
+        with args.out.open("w", encoding="utf-8") as out:
+            done = ray_rollout(
+                args.env,
+                kwargs,
+                tasks,
+                n=args.n,
+                seed=args.seed,
+                max_turns=max_turns,
+                follow_up=args.follow_up,
+                out=out,
+                progress=progress.update,
+                on_record=lambda record: _add_exchanges(record, args),
+                address=args.ray or None,
+            )
+    finally:
+        progress.close()
+    print(f"wrote {done} episodes to {args.out}")
+    return 0
 
 
 def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -225,9 +241,6 @@ def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     }
                 )
     return out
-
-
-_ROLES = (("user", "message"), ("assistant", "response"))
 
 
 class _Progress:

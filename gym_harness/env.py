@@ -164,6 +164,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._state = EpisodeState.NEW
         self._bridge: MCPBridge | None = None
         self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
+        self._keeper_held = False
         self._proxy: ModelProxy | None = None
         self._proc: HarnessProcess | None = None
         self._root: Path | None = None
@@ -260,6 +261,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
             proxy, self._proxy = self._proxy, None
             if proxy is not None:
                 proxy.stop()
+            if self._keeper_held:
+                from gym_harness.process import release_keeper
+
+                self._keeper_held = False
+                release_keeper()
             if self._root is not None and not self._keep:
                 shutil.rmtree(self._root, ignore_errors=True)
 
@@ -359,11 +365,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _start_harness(self, ctx: EpisodeContext) -> tuple[str, str]:
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
-        from gym_harness.process import HarnessProcess
+        from gym_harness.process import HarnessProcess, hold_keeper
 
         config = self.harness.launch(
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
+        if not self._keeper_held:  # one keeper for all episodes, not one per reset
+            hold_keeper()
+            self._keeper_held = True
         self._proc = HarnessProcess(config)
         self._runner = TurnRunner(
             self.harness, self._proc, config, self._bridge, self._emit, self._proxy, ctx.tool_names
@@ -424,7 +433,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             "error_type": error_type,
             "error": error,
             "events": [e.to_dict() for e in events],
-            "tool_calls": sum(1 for e in events if e.type.value == "tool_call"),
+            "tool_calls": sum(1 for e in events if e.type is EventType.TOOL_CALL),
             "elapsed_s": float(elapsed),
             "exit_code": exit_code,
             "stderr_tail": "" if proc is None else proc.stderr_tail(),

@@ -7,11 +7,14 @@ find every process of its tree, even daemons re-parented to PID 1, and dies
 with its owner (see ``gym_harness._keeper``).
 
 Memory bounds: a line longer than ``max_line_bytes`` is cut while it is read
-(at most ``max_line_bytes`` of it is ever held); unread stdout lines are held up
-to ``max(4 * max_line_bytes, 1 MiB)`` bytes, after which the stdout reader stops
-reading and the harness blocks on its own writes (backpressure, not deadlock:
-we never wait on the harness's writes, and stop() releases the reader); stderr
-keeps only its last ``stderr_tail_lines`` lines, each cut at 64 KiB.
+(at most ``max_line_bytes`` of it is ever held). Stdout is read by the caller's
+own thread inside ``read_line`` (one wake-up per burst of output, no hand-off
+between threads: this is the step's hot path), at most one 64 KiB read ahead,
+so unread output stays in the pipe and a harness that writes while nobody reads
+blocks on its own write (backpressure, not deadlock: ``write_line`` reads stdout
+while the harness's stdin is full, up to ``max(4 * max_line_bytes, 1 MiB)`` of
+unread lines). A stderr reader thread drains stderr continuously and keeps only
+its last ``stderr_tail_lines`` lines, each cut at 64 KiB.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import math
 import os
 import select
 import shlex
@@ -38,11 +42,18 @@ from typing import IO, NoReturn
 import psutil
 
 from gym_harness import _keeper
-from gym_harness._lines import LineQueue, read_lines
+from gym_harness._lines import READ_CHUNK, LineSplitter, read_batches
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
 
-__all__ = ["MARKER_VAR", "SESSION_VAR", "HarnessProcess", "ProcessUsage"]
+__all__ = [
+    "MARKER_VAR",
+    "SESSION_VAR",
+    "HarnessProcess",
+    "ProcessUsage",
+    "hold_keeper",
+    "release_keeper",
+]
 
 #: Unique per harness; every process of its tree inherits it.
 MARKER_VAR = _keeper.MARKER_VAR
@@ -82,12 +93,12 @@ class HarnessProcess:
     """One harness subprocess: spawn, line I/O, readiness, and the end of its tree.
 
     Threads: the caller's thread owns the lifecycle (``start``/``stop``, also
-    from another thread: ``stop`` is serialised by a lock) and stdin
-    (``write_line``). The stdout reader thread owns the stdout pipe (reads,
-    cuts and decodes lines, closes it at EOF) and feeds a byte-bounded queue
-    that ``read_line`` drains. The stderr reader thread owns the stderr pipe
-    and the tail. Both update ``last_activity``. All harnesses of a process
-    are forked by one shared spawner thread (``gym_harness._keeper``).
+    from another thread: ``stop`` is serialised by a lock), stdin
+    (``write_line``) and stdout (``read_line`` reads, cuts and decodes lines
+    itself; call the two from one thread at a time). The stderr reader thread
+    owns the stderr pipe and the tail. Output on either stream updates
+    ``last_activity``. All harnesses of a process are forked by one shared
+    spawner thread (``gym_harness._keeper``).
 
     Args:
         config: How to start, feed and stop the harness.
@@ -112,7 +123,11 @@ class HarnessProcess:
         self._lock = threading.Lock()
         self._stdin_lock = threading.Lock()
         self._popen: subprocess.Popen[bytes] | None = None
-        self._stdout = LineQueue(max(4 * config.max_line_bytes, _MIN_QUEUE_BYTES))
+        self._splitter = LineSplitter(config.max_line_bytes)
+        self._lines: deque[tuple[str, int]] = deque()  # read from stdout, not yet returned
+        self._stdout_fd: int | None = None  # None once stdout hit EOF or was closed
+        self._stdout_lock = threading.Lock()  # the reader of the moment holds it
+        self._poller = select.poll()
         self._stderr: deque[str] = deque(maxlen=config.stderr_tail_lines)
         self._stderr_lock = threading.Lock()
         self._readers: list[threading.Thread] = []
@@ -182,9 +197,7 @@ class HarnessProcess:
                             f"{limit} s; it may be stuck.",
                             pid=popen.pid,
                         ) from None
-                    poller = select.poll()
-                    poller.register(fd, select.POLLOUT)
-                    poller.poll(remaining * 1000)
+                    self._wait_writable(fd, remaining)
                 except (OSError, ValueError) as exc:
                     raise self._crashed(f"its stdin is closed ({exc})") from exc
 
@@ -197,12 +210,17 @@ class HarnessProcess:
         Args:
             timeout_s: Longest wait for a line, in seconds.
         """
-        return self._stdout.get(timeout_s)
+        if not self._lines:
+            deadline = time.monotonic() + timeout_s
+            while not self._lines and self._stdout_fd is not None:
+                if not self._pull(deadline - time.monotonic()):
+                    break  # timed out
+        return self._lines.popleft()[0] if self._lines else None
 
     @property
     def eof(self) -> bool:
         """True once stdout is closed and every line of it was read (or after ``stop``)."""
-        return self._stdout.finished
+        return self._stdout_fd is None and not self._lines
 
     @property
     def last_activity(self) -> float:
@@ -255,7 +273,6 @@ class HarnessProcess:
             if self._state is _State.STOPPED:
                 return
             self._state = _State.STOPPED
-            self._stdout.close()  # releases a reader blocked on a full queue
             popen = self._popen
             if popen is not None:
                 # stop() never raises; whatever survives an error dies with the keeper's sweep.
@@ -264,6 +281,13 @@ class HarnessProcess:
                 deadline = time.monotonic() + _JOIN_S
                 for thread in self._readers:
                     thread.join(max(0.0, deadline - time.monotonic()))
+                # The tree is dead, so a reader in another thread sees EOF and lets go.
+                if self._stdout_lock.acquire(timeout=_JOIN_S):
+                    try:
+                        self._close_stdout()
+                        self._lines.clear()  # unread lines are dropped after stop()
+                    finally:
+                        self._stdout_lock.release()
                 if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
                     try:
                         with contextlib.suppress(OSError):
@@ -314,11 +338,12 @@ class HarnessProcess:
         with contextlib.suppress(OSError):
             _keeper.keeper.add(self._marker, popen.pid)
         os.set_blocking(popen.stdin.fileno(), False)
+        assert popen.stdout is not None
+        self._stdout_fd = popen.stdout.fileno()
+        os.set_blocking(self._stdout_fd, False)
+        self._poller.register(self._stdout_fd, select.POLLIN)
         self._last_activity = time.monotonic()
-        self._readers = [
-            _reader(self._pump_stdout, popen.stdout, "stdout"),
-            _reader(self._pump_stderr, popen.stderr, "stderr"),
-        ]
+        self._readers = [_reader(self._pump_stderr, popen.stderr, "stderr")]
 
     def _resolve(self, env: dict[str, str]) -> list[str]:
         exe, *args = self.config.command
@@ -341,11 +366,11 @@ class HarnessProcess:
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             # Sliced so an exit is noticed even while a descendant holds stdout open.
-            line = self._stdout.get(min(remaining, _EXIT_CHECK_S))
+            line = self.read_line(min(remaining, _EXIT_CHECK_S))
             if line is not None:
                 if ready(line):
                     return
-            elif self._stdout.finished or self._popen.poll() is not None:
+            elif self.eof or self._popen.poll() is not None:
                 self._fail_start()
         self._fail_start(f"did not become ready within {timeout} s (startup_timeout_s)")
 
@@ -375,19 +400,59 @@ class HarnessProcess:
 
     # -- readers -----------------------------------------------------------
 
-    def _pump_stdout(self, stream: IO[bytes]) -> None:
-        try:
-            for text, size in read_lines(stream, self.config.max_line_bytes):
-                self._last_activity = time.monotonic()
-                self._stdout.put(text, size)
-        finally:
-            self._stdout.end()
+    def _pull(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for stdout, then read one chunk of it into lines.
+
+        Returns False on a timeout. Reaching EOF (or a closed pipe) closes stdout.
+        """
+        with self._stdout_lock:
+            fd = self._stdout_fd
+            if fd is None:
+                return True
+            if not self._poller.poll(max(0, math.ceil(timeout_s * 1000))):
+                return False
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return True  # a spurious wake-up
+            except OSError:
+                data = b""
+            if not data:
+                self._lines.extend(self._splitter.finish())
+                self._close_stdout()
+                return True
+            self._last_activity = time.monotonic()
+            self._lines.extend(self._splitter.feed(data))
+            return True
+
+    def _wait_writable(self, fd: int, timeout_s: float) -> None:
+        """Wait for room in stdin, reading stdout meanwhile: a harness blocked writing
+        its output never reads its input, so not reading would deadlock us both."""
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        out = self._stdout_fd
+        budget = max(4 * self.config.max_line_bytes, _MIN_QUEUE_BYTES)
+        if out is not None and sum(size for _, size in self._lines) < budget:
+            poller.register(out, select.POLLIN)
+        for ready_fd, _ in poller.poll(math.ceil(timeout_s * 1000)):
+            if ready_fd == out:
+                self._pull(0)
+
+    def _close_stdout(self) -> None:
+        """Close stdout (the caller of ``_pull`` or ``stop`` holds the stdout lock)."""
+        fd, self._stdout_fd = self._stdout_fd, None
+        popen = self._popen
+        if fd is not None and popen is not None and popen.stdout is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._poller.unregister(fd)
+            with contextlib.suppress(OSError):
+                popen.stdout.close()
 
     def _pump_stderr(self, stream: IO[bytes]) -> None:
-        for text, _ in read_lines(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
+        for batch in read_batches(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
             self._last_activity = time.monotonic()
             with self._stderr_lock:
-                self._stderr.append(text)
+                self._stderr.extend(text for text, _ in batch)
 
     # -- stop --------------------------------------------------------------
 
@@ -479,6 +544,20 @@ def _running(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def hold_keeper() -> None:
+    """Keep the keeper process (parent-death protection) running between harnesses.
+
+    An owner that starts harness after harness (an env, across resets) holds it so
+    that each start does not launch a new keeper; ``release_keeper`` undoes one hold.
+    """
+    _keeper.keeper.hold()
+
+
+def release_keeper() -> None:
+    """Undo one ``hold_keeper``; the keeper exits once no hold and no harness is left."""
+    _keeper.keeper.release()
 
 
 _live: weakref.WeakSet[HarnessProcess] = weakref.WeakSet()

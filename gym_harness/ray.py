@@ -38,7 +38,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.rollout import run_episode
 from gym_harness.tasks import Task
 
@@ -250,7 +250,7 @@ class RayVectorEnv(VectorEnv):
             The batched observations and the stacked infos.
 
         Raises:
-            ConfigError: A sub-env's actor was lost again while resetting.
+            HarnessError: A sub-env's fresh actor was lost too while resetting.
         """
         seeds = _seeds(seed, self.num_envs)
         options = dict(options or {})
@@ -264,7 +264,10 @@ class RayVectorEnv(VectorEnv):
             if result is None:  # lost on the way: one more fresh actor, then give up
                 result = self._get(i, self._submit_reset(i, seeds[i], options or None))
             if result is None:
-                raise ConfigError(f"sub-env {i}: its Ray actor died twice while resetting.")
+                raise HarnessError(
+                    f"sub-env {i}: its Ray actor died twice while resetting "
+                    f"({self._lost_error[i]}); check the nodes' health and memory."
+                )
             obs[i], info = result
             self._last_info[i] = info
             infos = self._add_info(infos, info, i)

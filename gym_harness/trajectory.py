@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gym_harness.events import HarnessEvent
+from gym_harness.events import EventType, HarnessEvent
 
 __all__ = ["RewardContext", "RewardFn", "Trajectory", "TurnRecord"]
 
@@ -68,7 +68,7 @@ class TurnRecord:
     @property
     def tool_calls(self) -> int:
         """How many tool calls the harness made in this turn."""
-        return sum(1 for e in self.events if e.type.value == "tool_call")
+        return sum(1 for e in self.events if e.type is EventType.TOOL_CALL)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -161,9 +161,9 @@ class Trajectory:
             lines.append(f"--- turn {t.turn} ({t.elapsed_s:.3f}s, reward {t.reward:g})")
             lines.append(f"user: {t.message}")
             for e in t.events:
-                if e.type.value == "tool_call":
+                if e.type is EventType.TOOL_CALL:
                     lines.append(f"  tool call {e.data.get('name')} {e.data.get('arguments')}")
-                elif e.type.value == "tool_result":
+                elif e.type is EventType.TOOL_RESULT:
                     lines.append(f"  tool result {e.data.get('name')}: {e.data.get('content')}")
             lines.append(f"harness: {t.response}")
             if t.error_type:

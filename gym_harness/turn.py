@@ -10,7 +10,7 @@ raises for harness faults.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gym_harness.config import HarnessConfig
@@ -121,17 +121,13 @@ class TurnRunner:
         if not self._write(self.harness.message_lines(message)):
             return self._crashed(events)
         turn_deadline = start + self.config.turn_timeout_s
+        deadline = start  # the nearest deadline; recomputed only when reached
         while True:
             now = time.monotonic()
-            deadlines = [
-                (turn_deadline, "turn_timeout"),
-                (self._idle_deadline(start), "idle_timeout"),
-            ]
-            if episode_deadline is not None:
-                deadlines.append((episode_deadline, "episode_timeout"))
-            deadline, kind = min(deadlines)
-            if deadline <= now:
-                return self._timed_out(kind, events)
+            if now >= deadline:  # the idle deadline moves with activity: look again
+                deadline, kind = self._nearest(start, turn_deadline, episode_deadline)
+                if deadline <= now:
+                    return self._timed_out(kind, events)
             line = self.proc.read_line(deadline - now)
             if line is None:
                 if self.proc.eof:
@@ -165,7 +161,7 @@ class TurnRunner:
         self._write(feed.replies)
         return feed
 
-    def _write(self, lines: list[str]) -> bool:
+    def _write(self, lines: Sequence[str]) -> bool:
         try:
             for line in lines:
                 self.proc.write_line(line)
@@ -182,6 +178,14 @@ class TurnRunner:
             f"the harness never listed the env tools {list(self._unconfirmed)} over MCP "
             "during its first turn: its MCP server configuration was dropped or broken"
         )
+
+    def _nearest(
+        self, start: float, turn_deadline: float, episode_deadline: float | None
+    ) -> tuple[float, str]:
+        nearest = min((turn_deadline, "turn_timeout"), (self._idle_deadline(start), "idle_timeout"))
+        if episode_deadline is not None and episode_deadline < nearest[0]:
+            return episode_deadline, "episode_timeout"
+        return nearest
 
     def _idle_deadline(self, turn_start: float) -> float:
         last = max(turn_start, self.proc.last_activity)

@@ -170,10 +170,10 @@ def test_floods_on_stdout_and_stderr_do_not_deadlock() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_stop_works_while_the_reader_waits_on_a_full_queue() -> None:
+def test_stop_works_while_the_harness_blocks_on_unread_output() -> None:
     proc = HarnessProcess(config("flood", max_line_bytes=64 * 1024))
     proc.start(is_ready)
-    proc.write_line("go")  # 50 MB that nobody reads: the queue fills, the harness blocks
+    proc.write_line("go")  # 50 MB that nobody reads: the pipe fills, the harness blocks
     assert proc.read_line(timeout_s=10) == "x" * 1023
     proc.stop()
     assert not proc.is_alive() and proc.eof

@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 
-
 class _Preset(ACPHarness):
     """Shared options of the presets; subclasses say which variables mean what."""
 

@@ -23,7 +23,8 @@ Adapter instances must pickle: they travel to vector-env workers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -61,7 +62,7 @@ class EpisodeContext:
     model_api_key: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Feed:
     """What one output line meant.
 
@@ -77,8 +78,8 @@ class Feed:
         error: A human-readable account of that failure.
     """
 
-    events: list[HarnessEvent] = field(default_factory=list)
-    replies: list[str] = field(default_factory=list)
+    events: Sequence[HarnessEvent] = ()
+    replies: Sequence[str] = ()
     ready: bool = False
     turn_complete: bool = False
     response: str = ""

@@ -28,11 +28,13 @@ MCP_TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
 #: With ``capture=True``: the model proxy's origin and its per-episode key.
 MODEL_URL_VAR = "GYM_HARNESS_MODEL_BASE_URL"
 
-_EVENT_KEYS = {
-    EventType.TEXT: ("text",),
-    EventType.TOOL_CALL: ("name", "arguments"),
-    EventType.TOOL_RESULT: ("name", "content", "is_error"),
+#: Line type -> (event type, keys its data always has). A plain dict: this is the hot path.
+_KINDS: dict[str, tuple[EventType, tuple[str, ...]]] = {
+    kind.value: (kind, ()) for kind in EventType if kind not in (EventType.OTHER,)
 }
+_KINDS["text"] = (EventType.TEXT, ("text",))
+_KINDS["tool_call"] = (EventType.TOOL_CALL, ("name", "arguments"))
+_KINDS["tool_result"] = (EventType.TOOL_RESULT, ("name", "content", "is_error"))
 
 
 class CommandHarness(Harness):
@@ -79,29 +81,32 @@ class CommandHarness(Harness):
                 error_type="protocol_error",
                 error=f"expected one JSON object with a 'type' per line, got {line[:200]!r}",
             )
-        kind = obj["type"]
+        kind = obj.pop("type")
         if kind == "ready":
             return Feed(ready=True)
         if kind == "turn_complete":
             response = obj.get("response")
             if not isinstance(response, str):
                 response = "".join(self._texts)
-            data = {"response": response, "done": bool(obj.get("done", False))}
+            done = bool(obj.get("done", False))
             return Feed(
-                events=[HarnessEvent(EventType.TURN_COMPLETE, data)],
+                events=[
+                    HarnessEvent(EventType.TURN_COMPLETE, {"response": response, "done": done})
+                ],
                 turn_complete=True,
                 response=response,
-                done=bool(data["done"]),
+                done=done,
             )
-        event_type = EventType.parse(kind)
-        if event_type is EventType.OTHER:
+        known = _KINDS.get(kind)
+        if known is None:  # an unknown type is kept whole, not an error
+            obj["type"] = kind
             return Feed(events=[HarnessEvent(EventType.OTHER, obj)])
-        data = {k: v for k, v in obj.items() if k != "type"}
-        for key in _EVENT_KEYS.get(event_type, ()):
-            data.setdefault(key, None)
-        if event_type is EventType.TEXT and isinstance(data["text"], str):
-            self._texts.append(data["text"])
-        return Feed(events=[HarnessEvent(event_type, data)])
+        event_type, keys = known
+        for key in keys:
+            obj.setdefault(key, None)
+        if event_type is EventType.TEXT and isinstance(obj["text"], str):
+            self._texts.append(obj["text"])
+        return Feed(events=[HarnessEvent(event_type, obj)])
 
 
 class ReferenceHarness(CommandHarness):
