@@ -8,17 +8,26 @@ and Gemini CLI against the scripted model server and the env's MCP bridge.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import textwrap
-import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from cli_support import cli_path
+from cli_support import (
+    Calls,
+    adding_model,
+    assert_gone,
+    cli_env,
+    cli_path,
+    first_turn,
+    killed_turn,
+    real_cli,
+    stalled_turn,
+    two_turns,
+)
 from model_server import ScriptedModelServer
 
 from gym_harness.env import HarnessEnv
@@ -158,51 +167,38 @@ def test_acp_client_against_script(fake_agent: list[str]) -> None:
 @pytest.mark.timeout(60)
 def test_acp_agent_that_never_lists_the_env_tools_fails_startup(fake_agent: list[str]) -> None:
     env = HarnessEnv("acp", command=[*fake_agent, "--no-mcp"], tools=[echo], turn_timeout_s=20)
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == ""  # nothing to see yet: ACP shows no tool list
-        _, _, terminated, truncated, info = env.step("first")
-        assert (terminated, truncated, info["error_type"]) == (True, False, "startup_failed")
-        assert "['echo']" in info["error"]
-    finally:
-        env.close()
+    turn = first_turn(env, "first")
+    assert turn.reset_info["error_type"] == ""  # nothing to see yet: ACP shows no tool list
+    assert turn.outcome == (True, False, "startup_failed")
+    assert "['echo']" in turn.info["error"]
 
 
 @pytest.mark.timeout(60)
 def test_acp_session_new_carries_bridge_with_token(fake_agent: list[str]) -> None:
+    argv: list[str] = []
+
+    def read_argv() -> None:
+        assert env.process is not None and env.process.pid is not None
+        argv.extend(psutil.Process(env.process.pid).cmdline())
+
     env = HarnessEnv("acp", command=fake_agent, tools=[echo], turn_timeout_s=20)
-    try:
-        env.reset()
-        proc = env.process
-        assert proc is not None and proc.pid is not None
-        # The token travels over stdin (session/new), never argv.
-        assert not any("Bearer" in arg for arg in psutil.Process(proc.pid).cmdline())
-        obs, *_ = env.step("x")
-        assert '"name": "env"' in obs and '"value": "Bearer ' in obs
-    finally:
-        env.close()
+    turn = first_turn(env, "x", before=read_argv)
+    # The token travels over stdin (session/new), never argv.
+    assert argv and not any("Bearer" in arg for arg in argv)
+    assert '"name": "env"' in turn.reply and '"value": "Bearer ' in turn.reply
 
 
 @pytest.mark.timeout(60)
 def test_acp_hang_is_cancelled_and_truncated(fake_agent: list[str]) -> None:
     env = HarnessEnv("acp", command=fake_agent, turn_timeout_s=30, idle_timeout_s=1.0)
-    try:
-        env.reset()
-        _, _, terminated, truncated, info = env.step("hang")
-        assert (terminated, truncated, info["error_type"]) == (False, True, "idle_timeout")
-    finally:
-        env.close()
+    turn = first_turn(env, "hang")
+    assert turn.outcome == (False, True, "idle_timeout")
 
 
 @pytest.mark.timeout(60)
 def test_acp_agent_exit_mid_turn_is_a_crash(fake_agent: list[str]) -> None:
-    env = HarnessEnv("acp", command=fake_agent, turn_timeout_s=20)
-    try:
-        env.reset()
-        _, _, terminated, _, info = env.step("die")
-        assert terminated and info["error_type"] == "harness_crashed"
-    finally:
-        env.close()
+    turn = first_turn(HarnessEnv("acp", command=fake_agent, turn_timeout_s=20), "die")
+    assert turn.terminated and turn.info["error_type"] == "harness_crashed"
 
 
 # --------------------------------------------------------------------------- real CLIs
@@ -217,108 +213,54 @@ def _cli_kwargs(name: str, srv: ScriptedModelServer) -> dict[str, Any]:
 
 
 AGENTS = ["opencode", "qwen_code", "gemini_cli"]
+#: The agents that run on an OpenAI-compatible endpoint (the stall and crash tests).
+OPENAI_AGENTS = ["opencode", "qwen_code"]
 
 
-def _make_env(
-    name: str, srv: ScriptedModelServer, tools: list[Any], mp: pytest.MonkeyPatch, **config: Any
-) -> HarnessEnv:
+@pytest.fixture
+def model(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[ScriptedModelServer]:
+    # The preset copies the key into the agent's environment.
     key_var = "GEMINI_API_KEY" if name == "gemini_cli" else "OPENAI_API_KEY"
-    mp.setenv(key_var, "sk-scripted")  # the preset copies it into the agent's environment
-    return HarnessEnv(
-        name,
-        tools=tools,
-        model="scripted-model",
-        startup_timeout_s=60,
-        **_cli_kwargs(name, srv),
-        **config,
+    yield from adding_model(monkeypatch, key_var)
+
+
+def agent_env(
+    name: str, srv: ScriptedModelServer, calls: Calls | None = None, **config: Any
+) -> HarnessEnv:
+    config.setdefault("startup_timeout_s", 60)
+    return cli_env(
+        name, calls or Calls(), model="scripted-model", **_cli_kwargs(name, srv), **config
     )
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(150)
+@real_cli(timeout=150)
 @pytest.mark.parametrize("name", AGENTS)
-def test_real_agent_two_turns(
-    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[tuple[int, int]] = []
-
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        calls.append((a, b))
-        return a + b
-
-    with ScriptedModelServer(tool="add", arguments={"a": 2, "b": 3}) as srv:
-        env = _make_env(name, srv, [add], monkeypatch, turn_timeout_s=60)
-        try:
-            _, info = env.reset()
-            assert info["error_type"] == "", info["error"]
-            obs, _, terminated, truncated, info = env.step("please add 2 and 3")
-            assert (terminated, truncated, info["error_type"]) == (False, False, ""), info
-            assert calls == [(2, 3)]  # seen on the tool's side, through the bridge
-            assert "tool said:" in obs and "5" in obs
-            assert info["tool_calls"] == 1
-            obs, _, _, _, info = env.step("and the second message")
-            assert info["error_type"] == "" and "the second message" in obs
-            last = srv.requests()[-1].body or {}
-            assert "please add 2 and 3" in str(last)  # turn 1 is still in the context
-        finally:
-            env.close()
+def test_real_agent_two_turns(name: str, model: ScriptedModelServer) -> None:
+    calls = Calls()
+    first = two_turns(agent_env(name, model, calls), calls, model)
+    assert "tool said:" in first.reply
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
-def test_real_agent_stalled_model_truncates(
-    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with ScriptedModelServer() as srv:
-        env = _make_env(name, srv, [echo], monkeypatch, turn_timeout_s=4, idle_timeout_s=60)
-        try:
-            env.reset()
-            srv.stall()
-            _, _, terminated, truncated, info = env.step("hello")
-            assert (terminated, truncated) == (False, True)
-            assert info["error_type"] in ("turn_timeout", "idle_timeout")
-        finally:
-            env.close()
-            srv.stop()
+@real_cli(timeout=150)
+@pytest.mark.parametrize("name", OPENAI_AGENTS)
+def test_real_agent_stalled_model_truncates(name: str, model: ScriptedModelServer) -> None:
+    turn = stalled_turn(agent_env(name, model, turn_timeout_s=4, idle_timeout_s=60), model)
+    assert (turn.terminated, turn.truncated) == (False, True)
+    assert turn.info["error_type"] in ("turn_timeout", "idle_timeout")
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
-def test_real_agent_killed_mid_turn_crashes(
-    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with ScriptedModelServer() as srv:
-        env = _make_env(name, srv, [echo], monkeypatch, turn_timeout_s=60)
-        try:
-            env.reset()
-            proc = env.process
-            assert proc is not None and proc.pid is not None
-            pid = proc.pid
-            srv.stall()
-
-            def kill_when_stalled() -> None:
-                if srv.wait_stalled(1, timeout=30):
-                    os.kill(pid, signal.SIGKILL)
-
-            killer = threading.Thread(target=kill_when_stalled)
-            killer.start()
-            _, _, terminated, _, info = env.step("hello")
-            killer.join(timeout=40)
-            assert terminated and info["error_type"] == "harness_crashed"
-        finally:
-            env.close()
-            srv.stop()
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+@real_cli(timeout=150)
+@pytest.mark.parametrize("name", OPENAI_AGENTS)
+def test_real_agent_killed_mid_turn_crashes(name: str, model: ScriptedModelServer) -> None:
+    turn, killed = killed_turn(agent_env(name, model), model)
+    assert turn.terminated and turn.info["error_type"] == "harness_crashed"
+    assert_gone(killed)
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", ["opencode", "qwen_code"])
+@real_cli(timeout=150)
+@pytest.mark.parametrize("name", OPENAI_AGENTS)
 def test_real_agent_with_broken_mcp_config_fails_startup(
-    name: str, isolated_network: None, monkeypatch: pytest.MonkeyPatch
+    name: str, model: ScriptedModelServer
 ) -> None:
     base = harness_class(name)
 
@@ -331,14 +273,7 @@ def test_real_agent_with_broken_mcp_config_fails_startup(
                 server["headers"] = [{"name": "Authorization", "value": "Bearer wrong"}]
             return servers
 
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-scripted")
-    with ScriptedModelServer() as srv:
-        harness = WrongToken(model="scripted-model", **_cli_kwargs(name, srv))
-        env = HarnessEnv(harness, tools=[echo], startup_timeout_s=60, turn_timeout_s=60)
-        try:
-            env.reset()
-            _, _, terminated, _, info = env.step("hello")
-            assert terminated and info["error_type"] == "startup_failed", info
-            assert "['echo']" in info["error"]
-        finally:
-            env.close()
+    harness = WrongToken(model="scripted-model", **_cli_kwargs(name, model))
+    turn = first_turn(cli_env(harness, Calls(), startup_timeout_s=60), "hello")
+    assert turn.terminated and turn.info["error_type"] == "startup_failed", turn.info
+    assert "['add']" in turn.info["error"]

@@ -3,19 +3,30 @@ real ``claude`` CLI through HarnessEnv against the scripted model server."""
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import signal
 import stat
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from cli_support import cli_path
-from model_server import ScriptedModelServer, Stall
+from cli_support import (
+    TOKEN,
+    Calls,
+    adding_model,
+    assert_gone,
+    cli_env,
+    cli_path,
+    episode_ctx,
+    first_turn,
+    killed_turn,
+    real_cli,
+    stalled_turn,
+    tree_after_close,
+    two_turns,
+)
+from model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
@@ -23,22 +34,7 @@ from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness
 
-TOKEN = "bridge-secret-token"
-
-
-def make_ctx(tmp_path: Path, **changes: Any) -> EpisodeContext:
-    (tmp_path / "home").mkdir(mode=0o700, exist_ok=True)
-    (tmp_path / "ws").mkdir(exist_ok=True)
-    fields: dict[str, Any] = {
-        "episode_id": "ep1",
-        "workspace": tmp_path / "ws",
-        "home": tmp_path / "home",
-        "bridge_url": "http://127.0.0.1:9/mcp",
-        "bridge_token": TOKEN,
-        "tool_names": ("add", "echo"),
-        **changes,
-    }
-    return EpisodeContext(**fields)
+make_ctx = functools.partial(episode_ctx, tool_names=("add", "echo"))
 
 
 # ---------------------------------------------------------------- offline: launch
@@ -210,128 +206,50 @@ def test_interrupt_line_is_a_control_request() -> None:
 # ---------------------------------------------------------------- the real CLI
 
 
-class Calls:
-    """Env tools that record their calls (asserted on the tool's side)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int]] = []
-        self.lock = threading.Lock()
-
-    def tools(self) -> list[Any]:
-        def add(a: int, b: int) -> int:
-            """Add two integers."""
-            with self.lock:
-                self.seen.append((a, b))
-            return a + b
-
-        return [add]
-
-
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")  # passed through by name
-    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
-    with ScriptedModelServer(tool="add", arguments={"a": 20, "b": 22}) as srv:
-        yield srv
+    yield from adding_model(monkeypatch, "ANTHROPIC_API_KEY", unset=("ANTHROPIC_AUTH_TOKEN",))
 
 
-def claude_env(model: ScriptedModelServer, calls: Calls, **kwargs: Any) -> HarnessEnv:
-    kwargs.setdefault("turn_timeout_s", 60)
-    kwargs.setdefault("idle_timeout_s", 30)
-    harness = kwargs.pop("harness", None) or ClaudeCodeHarness(
+def claude_env(
+    model: ScriptedModelServer,
+    calls: Calls | None = None,
+    harness: ClaudeCodeHarness | None = None,
+    **config: Any,
+) -> HarnessEnv:
+    harness = harness or ClaudeCodeHarness(
         executable=cli_path("claude"), model="scripted-model", base_url=model.base_url
     )
-    return HarnessEnv(harness, tools=calls.tools(), **kwargs)
+    return cli_env(harness, calls or Calls(), **config)
 
 
-def last_headers(model: ScriptedModelServer) -> dict[str, str]:
-    return dict(model.requests("anthropic")[-1].headers)
-
-
-def user_texts(body: dict[str, Any]) -> str:
-    return json.dumps(body.get("messages", []))
-
-
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
     calls = Calls()
-    env = claude_env(model, calls)
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == "", info
-        reply, _, terminated, truncated, info = env.step("please add the numbers")
-        assert info["error_type"] == "", info
-        assert calls.seen == [(20, 22)]
-        assert "42" in reply
-        assert not terminated and not truncated
-        assert info["tool_calls"] == 1
-        kinds = [e["type"] for e in info["events"]]
-        assert "tool_call" in kinds and "tool_result" in kinds and "llm_usage" in kinds
-
-        reply2, _, terminated, truncated, info = env.step("second message")
-        assert info["error_type"] == "", info
-        assert "second message" in reply2
-        last = model.requests("anthropic")[-1].body
-        assert "please add the numbers" in user_texts(last)
-        assert "second message" in user_texts(last)
-        assert calls.seen == [(20, 22)]
-        assert last_headers(model)["x-api-key"] == "test-key"
-    finally:
-        env.close()
+    first = two_turns(claude_env(model, calls), calls, model, "anthropic")
+    kinds = [e["type"] for e in first.info["events"]]
+    assert "tool_call" in kinds and "tool_result" in kinds and "llm_usage" in kinds
+    assert first.last_request.headers["x-api-key"] == "test-key"
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
-    env = claude_env(model, Calls(), turn_timeout_s=6, idle_timeout_s=3)
-    try:
-        env.reset()
-        model.enqueue(Stall())
-        _, _, terminated, truncated, info = env.step("hello")
-        assert truncated and not terminated
-        assert info["error_type"] in ("idle_timeout", "turn_timeout")
-    finally:
-        env.close()
+    turn = stalled_turn(claude_env(model, turn_timeout_s=6, idle_timeout_s=3), model)
+    assert turn.truncated and not turn.terminated
+    assert turn.info["error_type"] in ("idle_timeout", "turn_timeout")
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
-    env = claude_env(model, Calls())
-    try:
-        env.reset()
-        assert env.process is not None and env.process.pid is not None
-        pid = env.process.pid
-        model.stall()
-        killer = threading.Thread(
-            target=lambda: model.wait_stalled(1, timeout=30) and os.kill(pid, signal.SIGKILL)
-        )
-        killer.start()
-        _, _, terminated, truncated, info = env.step("hello")
-        killer.join(timeout=35)
-        assert terminated and not truncated
-        assert info["error_type"] == "harness_crashed"
-    finally:
-        model.release()
-        env.close()
+    turn, killed = killed_turn(claude_env(model), model)
+    assert turn.terminated and not turn.truncated
+    assert turn.info["error_type"] == "harness_crashed"
+    assert_gone(killed)
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_close_leaves_no_process(model: ScriptedModelServer) -> None:
-    env = claude_env(model, Calls())
-    env.reset()
-    env.step("hello")
-    assert env.process is not None
-    tree = [env.process.pid, *(p.pid for p in psutil.Process(env.process.pid).children(True))]
-    env.close()
-    for pid in tree:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert_gone(tree_after_close(claude_env(model)))
 
 
 class WrongTokenClaude(ClaudeCodeHarness):
@@ -343,19 +261,12 @@ class WrongTokenClaude(ClaudeCodeHarness):
         return config
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_broken_mcp_config_fails_as_startup_failed(model: ScriptedModelServer) -> None:
     harness = WrongTokenClaude(
         executable=cli_path("claude"), model="scripted-model", base_url=model.base_url
     )
-    env = claude_env(model, Calls(), harness=harness)
-    try:
-        env.reset()
-        _, _, terminated, _, info = env.step("please add")
-        assert terminated
-        assert info["error_type"] == "startup_failed"
-        assert "add" in info["error"]
-    finally:
-        env.close()
+    turn = first_turn(claude_env(model, harness=harness), "please add")
+    assert turn.terminated
+    assert turn.info["error_type"] == "startup_failed"
+    assert "add" in turn.info["error"]

@@ -3,45 +3,36 @@ the real ``codex app-server`` through HarnessEnv against the scripted model serv
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import stat
-import threading
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from cli_support import cli_path
-from model_server import ScriptedModelServer, Stall
+from cli_support import (
+    TOKEN,
+    Calls,
+    adding_model,
+    assert_gone,
+    cli_env,
+    cli_path,
+    first_turn,
+    killed_turn,
+    real_cli,
+    stalled_turn,
+    tree_after_close,
+    two_turns,
+)
+from cli_support import episode_ctx as make_ctx
+from model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.harnesses.codex import CodexHarness
-
-TOKEN = "bridge-secret-token"
-
-
-def make_ctx(tmp_path: Path, **changes: Any) -> EpisodeContext:
-    (tmp_path / "home").mkdir(mode=0o700, exist_ok=True)
-    (tmp_path / "ws").mkdir(exist_ok=True)
-    fields: dict[str, Any] = {
-        "episode_id": "ep1",
-        "workspace": tmp_path / "ws",
-        "home": tmp_path / "home",
-        "bridge_url": "http://127.0.0.1:9/mcp",
-        "bridge_token": TOKEN,
-        "tool_names": ("add",),
-        **changes,
-    }
-    return EpisodeContext(**fields)
-
 
 # ---------------------------------------------------------------- offline
 
@@ -191,128 +182,53 @@ def test_approval_requests_are_answered(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the real CLI
 
 
-class Calls:
-    """Env tools that record their calls (asserted on the tool's side)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int]] = []
-        self.lock = threading.Lock()
-
-    def tools(self) -> list[Any]:
-        def add(a: int, b: int) -> int:
-            """Add two integers."""
-            with self.lock:
-                self.seen.append((a, b))
-            return a + b
-
-        return [add]
-
-
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key")  # passed through by name
-    with ScriptedModelServer(tool="add", arguments={"a": 20, "b": 22}) as srv:
-        yield srv
+    yield from adding_model(monkeypatch, "OPENAI_API_KEY")
 
 
-def codex_env(model: ScriptedModelServer, calls: Calls, **kwargs: Any) -> HarnessEnv:
-    kwargs.setdefault("turn_timeout_s", 60)
-    kwargs.setdefault("idle_timeout_s", 30)
-    kwargs.setdefault("startup_timeout_s", 30)
-    harness = kwargs.pop("harness", None) or CodexHarness(
+def codex_env(
+    model: ScriptedModelServer,
+    calls: Calls | None = None,
+    harness: CodexHarness | None = None,
+    **config: Any,
+) -> HarnessEnv:
+    harness = harness or CodexHarness(
         executable=cli_path("codex"), model="scripted-model", base_url=model.openai_base_url
     )
-    return HarnessEnv(harness, tools=calls.tools(), **kwargs)
+    return cli_env(harness, calls or Calls(), startup_timeout_s=30, **config)
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
     calls = Calls()
-    env = codex_env(model, calls)
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == "", info
-        reply, _, terminated, truncated, info = env.step("please add the numbers")
-        assert info["error_type"] == "", info
-        assert calls.seen == [(20, 22)]
-        assert "42" in reply
-        assert not terminated and not truncated
-        assert info["tool_calls"] == 1
-        kinds = [e["type"] for e in info["events"]]
-        assert "tool_result" in kinds and "llm_usage" in kinds
-
-        reply2, _, _, _, info = env.step("second message")
-        assert info["error_type"] == "", info
-        assert "second message" in reply2
-        last = model.requests("responses")[-1]
-        assert "please add the numbers" in json.dumps(last.body["input"])
-        assert "second message" in json.dumps(last.body["input"])
-        assert last.headers["authorization"] == "Bearer test-key"
-        assert calls.seen == [(20, 22)]
-    finally:
-        env.close()
+    first = two_turns(codex_env(model, calls), calls, model, "responses")
+    kinds = [e["type"] for e in first.info["events"]]
+    assert "tool_result" in kinds and "llm_usage" in kinds
+    assert first.last_request.headers["authorization"] == "Bearer test-key"
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
-    env = codex_env(model, Calls(), turn_timeout_s=6, idle_timeout_s=3)
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == "", info
-        model.enqueue(Stall())
-        _, _, terminated, truncated, info = env.step("hello")
-        assert truncated and not terminated
-        assert info["error_type"] in ("idle_timeout", "turn_timeout")
-    finally:
-        env.close()
+    turn = stalled_turn(codex_env(model, turn_timeout_s=6, idle_timeout_s=3), model)
+    assert turn.reset_info["error_type"] == "", turn.reset_info
+    assert turn.truncated and not turn.terminated
+    assert turn.info["error_type"] in ("idle_timeout", "turn_timeout")
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
-    env = codex_env(model, Calls())
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == "", info
-        assert env.process is not None and env.process.pid is not None
-        tree = psutil.Process(env.process.pid).children(recursive=True)
-        pids = [env.process.pid, *(p.pid for p in tree)]  # the npm wrapper and the binary
-        model.stall()
-
-        def kill_all() -> None:
-            if model.wait_stalled(1, timeout=30):
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):  # gone with its parent
-                        os.kill(pid, signal.SIGKILL)
-
-        killer = threading.Thread(target=kill_all)
-        killer.start()
-        _, _, terminated, truncated, info = env.step("hello")
-        killer.join(timeout=35)
-        assert terminated and not truncated
-        assert info["error_type"] == "harness_crashed"
-    finally:
-        model.release()
-        env.close()
+    # The whole tree: the npm wrapper and the binary it runs.
+    turn, killed = killed_turn(codex_env(model), model, whole_tree=True)
+    assert turn.reset_info["error_type"] == "", turn.reset_info
+    assert turn.terminated and not turn.truncated
+    assert turn.info["error_type"] == "harness_crashed"
+    assert_gone(killed)
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_close_leaves_no_process(model: ScriptedModelServer) -> None:
-    env = codex_env(model, Calls())
-    env.reset()
-    env.step("hello")
-    assert env.process is not None
-    tree = [env.process.pid, *(p.pid for p in psutil.Process(env.process.pid).children(True))]
-    env.close()
-    for pid in tree:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert_gone(tree_after_close(codex_env(model)))
 
 
 class WrongTokenCodex(CodexHarness):
@@ -326,19 +242,12 @@ class WrongTokenCodex(CodexHarness):
         return config.replace(env={**config.env, "WRONG_TOKEN": "wrong"})
 
 
-@pytest.mark.cli
-@pytest.mark.timeout(90)
-@pytest.mark.usefixtures("isolated_network")
+@real_cli(timeout=90)
 def test_broken_mcp_config_fails_as_startup_failed(model: ScriptedModelServer) -> None:
     harness = WrongTokenCodex(
         executable=cli_path("codex"), model="scripted-model", base_url=model.openai_base_url
     )
-    env = codex_env(model, Calls(), harness=harness)
-    try:
-        _, info = env.reset()
-        assert info["error_type"] == "startup_failed"
-        assert "add" in info["error"]
-        _, _, terminated, _, info = env.step("please add")
-        assert terminated and info["error_type"] == "startup_failed"
-    finally:
-        env.close()
+    turn = first_turn(codex_env(model, harness=harness), "please add")
+    assert turn.reset_info["error_type"] == "startup_failed"
+    assert "add" in turn.reset_info["error"]
+    assert turn.terminated and turn.info["error_type"] == "startup_failed"

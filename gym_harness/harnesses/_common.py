@@ -10,7 +10,9 @@ agents) needs the same few things:
   user already exported never lands in a config that may be recorded).
 * ``write_private``: write a config file readable by its owner only (0600):
   bridge tokens go there or in the environment, never in argv.
-* ``json_line`` / ``parse_object``: one JSON object per line, both ways.
+* ``json_line`` / ``parse_object``: one JSON object per line, both ways;
+  ``not_json`` is the ``protocol_error`` for a line that is not one.
+* ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed.
 * ``RpcIds``: JSON-RPC request ids and what each pending request was for.
 * ``toml_document``: a config dict as TOML (Codex and codex-acp read ``config.toml``).
 """
@@ -20,20 +22,25 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from gym_harness.events import EventType, HarnessEvent
+from gym_harness.harnesses.base import Feed
 
 __all__ = [
     "MODEL_KEY_VAR",
     "RpcIds",
     "json_line",
+    "not_json",
     "openai_base",
     "parse_object",
     "present",
     "private_home_env",
     "scrub_inherit",
     "toml_document",
+    "turn_failed",
     "write_private",
 ]
 
@@ -122,6 +129,40 @@ def parse_object(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def not_json(who: str, line: str) -> Feed:
+    """The ``protocol_error`` for a stdout line that is not a JSON object.
+
+    Args:
+        who: The harness as the message names it (``"codex"``, ``"the ACP agent"``).
+        line: The line; its first 200 characters are quoted.
+    """
+    return Feed(
+        error_type="protocol_error",
+        error=f"{who} printed a non-JSON line on stdout: {line[:200]!r}",
+    )
+
+
+def turn_failed(
+    response: str, message: str, error: str, events: Sequence[HarnessEvent] = ()
+) -> Feed:
+    """The end of a turn the harness reports as failed (``harness_error``).
+
+    Args:
+        response: The reply text the turn produced before it failed.
+        message: The harness's own account, recorded in an ``error`` event.
+        error: The outcome's message for the user (says which harness failed).
+        events: Events of the same line, kept before the ``error`` event.
+    """
+    event = HarnessEvent(EventType.ERROR, {"error_type": "harness_error", "message": message})
+    return Feed(
+        events=[*events, event],
+        turn_complete=True,
+        response=response,
+        error_type="harness_error",
+        error=error,
+    )
 
 
 class RpcIds:

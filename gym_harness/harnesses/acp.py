@@ -32,7 +32,13 @@ from typing import Any, ClassVar
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
-from gym_harness.harnesses._common import RpcIds, parse_object, private_home_env
+from gym_harness.harnesses._common import (
+    RpcIds,
+    not_json,
+    parse_object,
+    private_home_env,
+    turn_failed,
+)
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 
 __all__ = ["PRESETS", "PROTOCOL_VERSION", "ACPHarness"]
@@ -157,10 +163,7 @@ class ACPHarness(Harness):
             return Feed()
         msg = parse_object(line)
         if msg is None:
-            return Feed(
-                error_type="protocol_error",
-                error=f"the ACP agent printed a non-JSON line on stdout: {line[:200]!r}",
-            )
+            return not_json("the ACP agent", line)
         method = msg.get("method")
         if isinstance(method, str):
             if "id" in msg:
@@ -200,19 +203,10 @@ class ACPHarness(Harness):
 
     def _prompt_done(self, result: Any, error: Any) -> Feed:
         response = "".join(self._chunks)
-        events: list[HarnessEvent] = []
         if error is not None:
             message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-            events.append(
-                HarnessEvent(EventType.ERROR, {"error_type": "harness_error", "message": message})
-            )
-            return Feed(
-                events=events,
-                turn_complete=True,
-                response=response,
-                error_type="harness_error",
-                error=f"the ACP agent failed the prompt: {message}",
-            )
+            return turn_failed(response, message, f"the ACP agent failed the prompt: {message}")
+        events: list[HarnessEvent] = []
         result = result if isinstance(result, dict) else {}
         usage = result.get("usage") or (result.get("_meta") or {}).get("quota", {}).get(
             "token_count"

@@ -25,10 +25,12 @@ from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     json_line,
+    not_json,
     parse_object,
     present,
     private_home_env,
     scrub_inherit,
+    turn_failed,
     write_private,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
@@ -205,9 +207,7 @@ class ClaudeCodeHarness(Harness):
         if obj is None:
             if self._allow_plain_text:
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
-            return Feed(
-                error_type="protocol_error", error=f"claude printed a non-JSON line: {line[:200]!r}"
-            )
+            return not_json("claude", line)
         kind = obj.get("type")
         if kind == "system" and obj.get("subtype") == "init":
             return self._init(obj)
@@ -328,16 +328,8 @@ class ClaudeCodeHarness(Harness):
         if obj.get("is_error") or obj.get("subtype") != "success":
             errors = obj.get("errors") or []
             message = response or "; ".join(map(str, errors)) or str(obj.get("subtype"))
-            events.append(
-                HarnessEvent(EventType.ERROR, {"error_type": "harness_error", "message": message})
-            )
-            return Feed(
-                events=events,
-                turn_complete=True,
-                response=response,
-                error_type="harness_error",
-                error=f"Claude Code ended the turn with {obj.get('subtype')}: {message}",
-            )
+            error = f"Claude Code ended the turn with {obj.get('subtype')}: {message}"
+            return turn_failed(response, message, error, events)
         return Feed(events=events, turn_complete=True, response=response)
 
 

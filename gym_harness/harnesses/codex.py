@@ -26,10 +26,12 @@ from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     RpcIds,
+    not_json,
     openai_base,
     parse_object,
     present,
     private_home_env,
+    turn_failed,
     write_private,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
@@ -200,9 +202,7 @@ class CodexHarness(Harness):
             return Feed()
         msg = parse_object(line)
         if msg is None:
-            return Feed(
-                error_type="protocol_error", error=f"codex printed a non-JSON line: {line[:200]!r}"
-            )
+            return not_json("codex", line)
         if "method" in msg and "id" in msg:
             return self._server_request(msg)
         if "method" in msg:
@@ -399,16 +399,7 @@ class CodexHarness(Harness):
         status = turn.get("status")
         if status == "failed":
             message = (turn.get("error") or {}).get("message", "the turn failed")
-            event = HarnessEvent(
-                EventType.ERROR, {"error_type": "harness_error", "message": message}
-            )
-            return Feed(
-                events=[event],
-                turn_complete=True,
-                response=response,
-                error_type="harness_error",
-                error=f"Codex failed the turn: {message}",
-            )
+            return turn_failed(response, message, f"Codex failed the turn: {message}")
         return Feed(turn_complete=True, response=response)
 
 
