@@ -7,10 +7,11 @@ reset locks out a harness from an earlier episode. A foreign ``Host`` or
 ``Origin`` header is refused (DNS-rebinding protection).
 
 Threads: the caller's thread owns the lifecycle (``start``/``stop``/
-``rotate_token``) and never needs an event loop. The bridge thread owns one
-asyncio loop running uvicorn; tool calls run on it, sync tools in its worker
-threads. ``list_tools``/``call_tool`` are for the env's orchestrator: they run
-in-process on the bridge loop (or a private one before ``start``), not over HTTP.
+``rotate_token``) and never needs an event loop. The bridge thread (a
+:class:`~gym_harness._loopback.LoopbackServer`) owns one asyncio loop running
+uvicorn; tool calls run on it, sync tools in its worker threads.
+``list_tools``/``call_tool`` are for the env's orchestrator: they run in-process
+on the bridge loop (or a private one before ``start``), not over HTTP.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import hmac
-import logging
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gym_harness._loopback import LoopbackServer, RotatingToken
 from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
 from gym_harness.tools import (
     HIDDEN_TAGS,
@@ -44,10 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BridgeState", "MCPBridge", "ToolCallResult"]
 
-logger = logging.getLogger(__name__)
-
 MCP_PATH = "/mcp"
-_START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 1.0
 _LOCK_POLL_S = 0.002
 _RLOCK_TYPE = type(threading.RLock())
@@ -110,7 +106,7 @@ class _BearerGuard:
         await self.app(scope, receive, send)
 
 
-class MCPBridge:
+class MCPBridge(RotatingToken):
     """Serve an env's domain tools to a harness over loopback streamable HTTP.
 
     Args:
@@ -153,7 +149,7 @@ class MCPBridge:
         self._requested_names = dict(tool_names) if tool_names is not None else None
         self.tool_timeout_s = tool_timeout_s
         self._lock = lock
-        self._token = secrets.token_urlsafe(32)
+        super().__init__()
         self._state = BridgeState.NEW
         self._state_lock = threading.Lock()
         self._source: FastMCP | None = None
@@ -161,9 +157,7 @@ class MCPBridge:
         self._names: dict[str, str] = {}
         self._locked: frozenset[str] = frozenset()
         self._specs: list[ToolSpec] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackServer | None = None
         self._url = ""
         self._abandoned: set[asyncio.Future[Any]] = set()
         self.last_activity = time.monotonic()
@@ -183,20 +177,14 @@ class MCPBridge:
         """The MCP endpoint, ``http://127.0.0.1:<port>/mcp`` ("" unless running)."""
         return self._url if self._state is BridgeState.RUNNING else ""
 
-    @property
-    def token(self) -> str:
-        """The bearer token a harness must send (pass it via the environment, not argv)."""
-        return self._token
-
     def rotate_token(self) -> str:
-        """Replace the token; requests with the old one get 401 from now on.
+        """Replace the bearer token; requests with the old one get 401 from now on.
 
         Returns:
-            The new token.
+            The new token (``tools_listed`` is False again until a harness lists the tools).
         """
-        self._token = secrets.token_urlsafe(32)
         self.tools_listed = False
-        return self._token
+        return super().rotate_token()
 
     def list_tools(self) -> list[ToolSpec]:
         """The served tools, under their served names (no HTTP, no running loop needed).
@@ -229,7 +217,7 @@ class MCPBridge:
             raise ConfigError(f"no served tool named {name!r}; served: {sorted(self._names)}")
         args = dict(arguments or {})
         limit = self.tool_timeout_s + 5.0
-        loop = self._loop
+        loop = self._server.loop if self._server is not None else None
         if self._state is not BridgeState.RUNNING or loop is None:
             return run_sync(lambda: self._call_for_orchestrator(name, args), limit)
         future = asyncio.run_coroutine_threadsafe(self._call_for_orchestrator(name, args), loop)
@@ -259,10 +247,9 @@ class MCPBridge:
             if self._state is not BridgeState.RUNNING:
                 return
             self._state = BridgeState.STOPPED
-            try:
-                self._stop_server()
-            except Exception:  # stop must never raise; the thread is a daemon anyway
-                logger.debug("error while stopping the MCP bridge", exc_info=True)
+            server, self._server, self._url = self._server, None, ""
+            if server is not None:
+                server.stop()  # bounded, never raises
 
     def __enter__(self) -> MCPBridge:
         self.start()
@@ -374,7 +361,6 @@ class MCPBridge:
     # -- the server thread ------------------------------------------------------------
 
     def _start_server(self) -> None:
-        import uvicorn
         from starlette.middleware import Middleware
 
         assert self._served is not None
@@ -383,114 +369,23 @@ class MCPBridge:
             middleware=[Middleware(_BearerGuard, bridge=self)],
             host_origin_protection=True,
         )
-        config = uvicorn.Config(
+        # In-flight calls get 0.4 s to finish when stopping.
+        options = {"lifespan": "on", "timeout_graceful_shutdown": 0.4}
+        server = LoopbackServer(
             app,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            ws="none",
-            # Typed int, used as a float (asyncio.wait_for): in-flight calls get 0.4 s.
-            timeout_graceful_shutdown=0.4,  # type: ignore[arg-type]
+            label="bridge",
+            thread_name="gym-harness-bridge",
+            error=BridgeError,
+            stop_timeout_s=_STOP_TIMEOUT_S,
+            options=options,
         )
-        server = uvicorn.Server(config)
-        sock: socket.socket | None = None
-        try:
-            # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(128)
-            sock.setblocking(False)
-            loop = asyncio.new_event_loop()
-        except OSError as exc:
-            if sock is not None:
-                sock.close()
-            raise BridgeError(
-                f"cannot open the bridge's socket on 127.0.0.1 or its event loop: {exc}"
-            ) from exc
-        port = sock.getsockname()[1]
-        loop.set_exception_handler(_quiet_exception_handler)
-        failure: list[BaseException] = []
-        thread = threading.Thread(
-            target=_serve,
-            args=(loop, server, sock, failure),
-            name="gym-harness-bridge",
-            daemon=True,
-        )
-        self._loop, self._server, self._thread = loop, server, thread
-        try:
-            thread.start()
-        except RuntimeError as exc:  # "can't start new thread"
-            loop.close()
-            sock.close()
-            self._loop, self._server, self._thread = None, None, None
-            raise BridgeError(f"cannot start the bridge thread: {exc}") from exc
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not server.started and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        if not server.started:
-            self._stop_server()
-            cause = failure[0] if failure else None
-            raise BridgeError(f"the MCP bridge did not start on port {port}: {cause!r}") from cause
-        self._url = f"http://127.0.0.1:{port}{MCP_PATH}"
-
-    def _stop_server(self) -> None:
-        server, thread = self._server, self._thread
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(_STOP_TIMEOUT_S)
-            if thread.is_alive() and server is not None:
-                server.force_exit = True
-                thread.join(0.5)
-            if thread.is_alive():
-                logger.warning("the MCP bridge thread did not stop in time; left as a daemon")
-        self._loop, self._server, self._thread, self._url = None, None, None, ""
-
-    def _nodelay_of_connections(self) -> list[bool]:
-        """TCP_NODELAY of each open server-side connection (a diagnostic for tests)."""
-
-        async def probe() -> list[bool]:
-            out = []
-            for conn in list(self._server.server_state.connections):
-                sock = conn.transport.get_extra_info("socket")
-                out.append(bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
-            return out
-
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(probe(), self._loop).result(5.0)
+        server.start()
+        self._server = server
+        self._url = f"http://127.0.0.1:{server.port}{MCP_PATH}"
 
 
 def _hidden(tool: Tool) -> bool:
     return bool(set(tool.tags) & HIDDEN_TAGS)
-
-
-def _serve(
-    loop: asyncio.AbstractEventLoop, server: Any, sock: socket.socket, failure: list[BaseException]
-) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_until_complete(server.serve(sockets=[sock]))
-    except BaseException as exc:  # reported to the starting thread, never raised here
-        failure.append(exc)
-    finally:
-        try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                # Abandoned calls of hung sync tools cannot finish; don't wait for them long.
-                loop.run_until_complete(asyncio.wait(pending, timeout=0.2))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-            sock.close()
-
-
-def _quiet_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    logger.debug("bridge loop: %s", context.get("message"), exc_info=context.get("exception"))
 
 
 def _served_tool_class() -> type[Tool]:

@@ -23,13 +23,13 @@ import enum
 import hmac
 import json
 import logging
-import secrets
-import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
+from gym_harness._loopback import LoopbackServer, RotatingToken
 from gym_harness.capture_records import (
     ModelExchange,
     SSEEvent,
@@ -58,8 +58,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 3.0
+_UVICORN_OPTIONS = {
+    "interface": "asgi3",
+    "proxy_headers": False,
+    "lifespan": "off",
+    "timeout_graceful_shutdown": 1,
+}
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 # Hop-by-hop or rewritten by us; never copied between the two connections.
 _SKIP_REQUEST = frozenset(
@@ -103,7 +108,7 @@ class _QuietBrokenStreams(logging.Filter):
         return not isinstance(exc, _StreamBroken | asyncio.CancelledError)
 
 
-class ModelProxy:
+class ModelProxy(RotatingToken):
     """Forward a harness's model calls to the real API and record each exchange.
 
     Args:
@@ -142,20 +147,17 @@ class ModelProxy:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._api_key = api_key
-        self._token = secrets.token_urlsafe(32)
+        super().__init__()
         self._lock = threading.Lock()
         self._records: list[ModelExchange] = []
         self._pending: list[dict[str, Any]] = []
         self._seq = 0
         self._state = ProxyState.UNOPENED
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackServer | None = None
         self._client: httpx2.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
         self._cut: dict[asyncio.Task[Any], str] = {}
-        self._port = 0
         #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
         #: sign of life for the env's idle (stall) detection.
         self.last_activity = time.monotonic()
@@ -177,23 +179,9 @@ class ModelProxy:
         Raises:
             CaptureError: The proxy is not running.
         """
-        if self._state is not ProxyState.RUNNING:
+        if self._state is not ProxyState.RUNNING or self._server is None:
             raise CaptureError(f"the model proxy is {self._state.value}; call start() first")
-        return f"http://127.0.0.1:{self._port}"
-
-    @property
-    def token(self) -> str:
-        """The proxy token the harness must present in place of an API key."""
-        return self._token
-
-    def rotate_token(self) -> str:
-        """Issue a new proxy token (per episode); the old one stops working at once.
-
-        Returns:
-            The new token.
-        """
-        self._token = secrets.token_urlsafe(32)
-        return self._token
+        return f"http://127.0.0.1:{self._server.port}"
 
     def records(self) -> list[ModelExchange]:
         """The exchanges recorded since the last :meth:`drain`, oldest first (not consumed)."""
@@ -223,7 +211,7 @@ class ModelProxy:
         Returns:
             How many exchanges were in flight.
         """
-        loop = self._loop
+        loop = self._server.loop if self._server is not None else None
         if self._state is not ProxyState.RUNNING or loop is None or not self._inflight:
             return 0
         count = len(self._inflight)
@@ -252,7 +240,18 @@ class ModelProxy:
             return
         if self._state is ProxyState.CLOSED:
             raise CaptureError("this model proxy was stopped; make a new ModelProxy")
-        self._start_server()
+        logging.getLogger("uvicorn.error").addFilter(_QUIET)
+        server = LoopbackServer(
+            self._app,
+            label="model proxy",
+            thread_name="gym-harness-capture",
+            error=CaptureError,
+            stop_timeout_s=_STOP_TIMEOUT_S,
+            options=_UVICORN_OPTIONS,
+            context=self._upstream_client,
+        )
+        server.start()
+        self._server = server
         self._state = ProxyState.RUNNING
 
     def stop(self) -> None:
@@ -260,10 +259,10 @@ class ModelProxy:
         if self._state is ProxyState.CLOSED:
             return
         self._state = ProxyState.CLOSED
-        try:
-            self._stop_server()
-        except Exception:  # stop() must never raise
-            logger.warning("model proxy stop failed", exc_info=True)
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()  # bounded, never raises
+        self._client = None
 
     def __enter__(self) -> ModelProxy:
         self.start()
@@ -500,100 +499,16 @@ class ModelProxy:
                 logger.warning("model proxy could not assemble exchange %s: %r", raw["seq"], exc)
         self._pending = []
 
-    # -- the server thread ------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _upstream_client(self) -> AsyncIterator[None]:
+        """The upstream client, opened and closed on the proxy loop around serving."""
+        import httpx2  # imported by the proxy thread, not by ``import gym_harness``
 
-    def _start_server(self) -> None:
-        import uvicorn
-
-        logging.getLogger("uvicorn.error").addFilter(_QUIET)
-        config = uvicorn.Config(
-            self._app,
-            interface="asgi3",
-            proxy_headers=False,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            ws="none",
-            timeout_graceful_shutdown=1,
-        )
-        server = uvicorn.Server(config)
-        try:
-            # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        except OSError as exc:
-            raise CaptureError(f"cannot create the model proxy socket: {exc}") from exc
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError as exc:
-            sock.close()
-            raise CaptureError(f"cannot bind the model proxy to 127.0.0.1: {exc}") from exc
-        self._port = sock.getsockname()[1]
-        failure: list[BaseException] = []
-        thread = threading.Thread(
-            target=self._serve,
-            args=(server, sock, failure),
-            name="gym-harness-capture",
-            daemon=True,
-        )
-        self._server, self._thread = server, thread
-        thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not server.started and thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        if not server.started:
-            self._stop_server()
-            cause = failure[0] if failure else None
-            raise CaptureError(
-                f"the model proxy did not start on port {self._port}: {cause!r}"
-            ) from cause
-
-    def _serve(self, server: Any, sock: socket.socket, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-
-        import httpx2
-
-        async def run() -> None:
-            timeout = httpx2.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-            # trust_env=False: a proxy variable in the environment must not reroute model traffic.
-            async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as client:
-                self._client = client
-                self._loop = asyncio.get_running_loop()
-                await server.serve(sockets=[sock])
-
-        try:
-            loop.run_until_complete(run())
-        except BaseException as exc:  # reported to the starting thread, never raised here
-            failure.append(exc)
-        finally:
-            try:
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.wait(pending, timeout=0.2))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
-                sock.close()
-
-    def _stop_server(self) -> None:
-        server, thread = self._server, self._thread
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(_STOP_TIMEOUT_S)
-            if thread.is_alive() and server is not None:
-                server.force_exit = True
-                thread.join(0.5)
-            if thread.is_alive():
-                logger.warning("the model proxy thread did not stop in time; left as a daemon")
-        self._server, self._thread, self._client, self._loop = None, None, None, None
+        timeout = httpx2.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+        # trust_env=False: a proxy variable in the environment must not reroute model traffic.
+        async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as client:
+            self._client = client
+            yield
 
 
 _QUIET = _QuietBrokenStreams()

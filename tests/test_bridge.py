@@ -315,7 +315,8 @@ def test_accepted_connections_have_tcp_nodelay(bridge: MCPBridge) -> None:
     async def go() -> list[bool]:
         async with _client(bridge) as client:
             await client.call_tool("echo", {"text": "x"})
-            return bridge._nodelay_of_connections()
+            assert bridge._server is not None
+            return bridge._server.nodelay_of_connections()
 
     flags = asyncio.run(go())
     assert flags and all(flags)
