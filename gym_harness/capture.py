@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -288,43 +289,31 @@ class ModelProxy(RotatingToken):
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
         outgoing, query, ok = self._credentials(headers, query, method, path)
-        sent = bytes(body)
+        call = _Call(method, path, bytes(body), False, send, started_at, t0)
         if not ok:
-            self._record(method, path, sent, False, started_at, t0, 401, "unauthorized", "", None)
+            self._record(call, 401, "unauthorized", "", None)
             await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
             return
-        sent, added = self._maybe_add_logprobs(path, sent)
+        call.content, call.added = self._maybe_add_logprobs(path, call.content)
         url = self.upstream + path + (f"?{query}" if query else "")
-        disconnect = asyncio.ensure_future(receive())  # resolves when the harness hangs up
+        call.disconnect = asyncio.ensure_future(receive())  # resolves when the harness hangs up
         task = asyncio.current_task()
         assert task is not None
         self._inflight.add(task)
         try:
-            await self._forward(
-                method, path, url, outgoing, sent, added, send, disconnect, started_at, t0
-            )
+            await self._forward(call, url, outgoing)
         finally:
-            disconnect.cancel()
+            call.disconnect.cancel()
             self._inflight.discard(task)
             self._cut.pop(task, None)
 
-    async def _forward(
-        self,
-        method: str,
-        path: str,
-        url: str,
-        headers: list[tuple[str, str]],
-        content: bytes,
-        added: bool,
-        send: Any,
-        disconnect: asyncio.Future[Any],
-        started_at: float,
-        t0: float,
-    ) -> None:
+    async def _forward(self, call: _Call, url: str, headers: list[tuple[str, str]]) -> None:
         import httpx2  # imported by the proxy thread, not by ``import gym_harness``
 
         assert self._client is not None
-        request = self._client.build_request(method, url, headers=headers, content=content)
+        request = self._client.build_request(
+            call.method, url, headers=headers, content=call.content
+        )
         try:
             response = await self._client.send(request, stream=True)
         except httpx2.TimeoutException as exc:
@@ -337,30 +326,20 @@ class ModelProxy(RotatingToken):
             cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
             outcome, status = ("stalled", 504) if cut is not None else ("cancelled", 502)
             why = f"no answer from the upstream when {cut}" if cut else "the proxy stopped"
-            self._record(method, path, content, added, started_at, t0, status, outcome, why, None)
+            self._record(call, status, outcome, why, None)
             if cut is None:
                 raise
-            await _send_json(send, status, _error(why))
+            await _send_json(call.send, status, _error(why))
             return
         except httpx2.HTTPError as exc:
             outcome, status, why = "unreachable", 502, f"upstream unreachable: {exc!r}"
         else:
-            await self._relay(response, path, content, added, send, disconnect, started_at, t0)
+            await self._relay(call, response)
             return
-        self._record(method, path, content, added, started_at, t0, status, outcome, why, None)
-        await _send_json(send, status, _error(why))
+        self._record(call, status, outcome, why, None)
+        await _send_json(call.send, status, _error(why))
 
-    async def _relay(
-        self,
-        response: httpx2.Response,
-        path: str,
-        content: bytes,
-        added: bool,
-        send: Any,
-        disconnect: asyncio.Future[Any],
-        started_at: float,
-        t0: float,
-    ) -> None:
+    async def _relay(self, call: _Call, response: httpx2.Response) -> None:
         import httpx2
 
         out_headers = [
@@ -368,6 +347,7 @@ class ModelProxy(RotatingToken):
             for k, v in response.headers.multi_items()
             if k.lower() not in _SKIP_RESPONSE
         ]
+        send, disconnect = call.send, call.disconnect
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
         )
@@ -378,10 +358,10 @@ class ModelProxy(RotatingToken):
             async for chunk in response.aiter_raw():
                 self.last_activity = time.monotonic()
                 if ttfb is None:
-                    ttfb = time.perf_counter() - t0
+                    ttfb = time.perf_counter() - call.t0
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 chunks.append(chunk)
-                if disconnect.done():
+                if disconnect is not None and disconnect.done():
                     outcome, why = "client_closed", "the harness hung up mid-answer"
                     break
         except httpx2.TimeoutException as exc:
@@ -397,19 +377,8 @@ class ModelProxy(RotatingToken):
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await response.aclose()
-            self._record(
-                response.request.method,
-                path,
-                content,
-                added,
-                started_at,
-                t0,
-                response.status_code,
-                outcome,
-                why,
-                (response.headers.get("content-type", ""), b"".join(chunks)),
-                ttfb,
-            )
+            answer = (response.headers.get("content-type", ""), b"".join(chunks))
+            self._record(call, response.status_code, outcome, why, answer, ttfb)
         if outcome in ("stalled", "dropped"):
             raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -458,31 +427,26 @@ class ModelProxy(RotatingToken):
 
     def _record(
         self,
-        method: str,
-        path: str,
-        request: bytes,
-        added: bool,
-        started_at: float,
-        t0: float,
+        call: _Call,
         status: int,
         outcome: str,
         error: str,
         answer: tuple[str, bytes] | None,
         ttfb: float | None = None,
     ) -> None:
-        total = time.perf_counter() - t0
+        total = time.perf_counter() - call.t0
         # Only the raw facts here: parsing waits for records()/drain() in the caller's
         # thread, so it costs the harness's call nothing.
         raw = {
-            "method": method,
-            "path": path,
-            "request": request,
-            "logprobs_added": added,
+            "method": call.method,
+            "path": call.path,
+            "request": call.content,
+            "logprobs_added": call.added,
             "status": status,
             "outcome": outcome,
             "error": error,
             "answer": answer,
-            "started_at": started_at,
+            "started_at": call.started_at,
             "ttfb_s": ttfb,
             "total_s": total,
         }
@@ -512,6 +476,20 @@ class ModelProxy(RotatingToken):
 
 
 _QUIET = _QuietBrokenStreams()
+
+
+@dataclass(slots=True)
+class _Call:
+    """One harness call in flight through the proxy (the proxy thread's own state)."""
+
+    method: str
+    path: str
+    content: bytes  # the body as sent upstream
+    added: bool  # the proxy added a logprobs request to it
+    send: Any  # the ASGI send of the harness's connection
+    started_at: float  # wall clock when the whole request had arrived
+    t0: float  # perf_counter at the same moment
+    disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
 
 
 def _error(message: str) -> dict[str, Any]:
