@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
-import inspect
 import os
 import shutil
 import tempfile
@@ -29,10 +27,11 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 import gymnasium
 from gymnasium.error import ResetNeeded
 
+from gym_harness._imports import import_attr
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.events import EventType, HarnessEvent, TurnResult
-from gym_harness.harnesses import Harness, harness_class
+from gym_harness.harnesses import Harness, make_harness
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
@@ -134,7 +133,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     ) -> None:
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
-        self.harness = _make_harness(harness, harness_kwargs)
+        self.harness = make_harness(harness, harness_kwargs)
         self.config = self.harness.default_config().replace(**config_kwargs)
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
@@ -151,7 +150,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
             )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
-        self.reward_fn: RewardFn | None = _resolve(reward_fn, "reward_fn")
+        if isinstance(reward_fn, str):
+            reward_fn = import_attr(reward_fn, "reward_fn")
+        if reward_fn is not None and not callable(reward_fn):
+            raise ConfigError(
+                f"reward_fn must be a callable or an import string, got {reward_fn!r}."
+            )
+        self.reward_fn: RewardFn | None = reward_fn
         self.on_event = on_event
         self.lock = threading.Lock()
         self._tools_spec = tools
@@ -475,42 +480,3 @@ def _with_model_calls(result: TurnResult, proxy: ModelProxy) -> TurnResult:
         calls.append(HarnessEvent(EventType.LLM_RESPONSE, record, done_at))
     events = sorted((*result.events, *calls), key=lambda e: e.timestamp)
     return dataclasses.replace(result, events=tuple(events))
-
-
-def _make_harness(harness: Harness | str, kwargs: dict[str, Any]) -> Harness:
-    if isinstance(harness, Harness):
-        if kwargs:
-            raise ConfigError(
-                f"Unknown keyword(s) {sorted(kwargs)}: HarnessEnv takes HarnessConfig fields "
-                f"{sorted(FIELD_NAMES)}; harness options go to the Harness you construct."
-            )
-        return harness
-    if not isinstance(harness, str):
-        raise ConfigError(f"harness must be a Harness or a registered name, got {harness!r}.")
-    cls = harness_class(harness)
-    params = inspect.signature(cls).parameters
-    unknown = sorted(k for k in kwargs if k not in params)
-    if unknown:
-        accepted = sorted(k for k in params if k not in ("self", "args", "kwargs"))
-        raise ConfigError(
-            f"Unknown keyword(s) {unknown} for the {harness!r} harness; it accepts {accepted}, "
-            f"and every HarnessConfig field {sorted(FIELD_NAMES)}."
-        )
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"Bad options for the {harness!r} harness: {exc}.") from exc
-
-
-def _resolve(value: Any, what: str) -> Any:
-    if value is None or callable(value):
-        return value
-    if isinstance(value, str) and ":" in value:
-        module_name, _, attr = value.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"Cannot import {what} {value!r}: {exc}.") from exc
-    raise ConfigError(
-        f"{what} must be a callable or an import string 'pkg.module:attr', got {value!r}."
-    )

@@ -27,21 +27,20 @@ import os
 import select
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, NoReturn
 
 import psutil
 
-from gym_harness import _keeper
+from gym_harness import _keeper, _tree
 from gym_harness._lines import READ_CHUNK, LineSplitter, read_batches
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
@@ -64,7 +63,6 @@ _STDERR_LINE_CAP = 64 * 1024
 _MIN_QUEUE_BYTES = 1 << 20
 _PIPE_BUFFER = 64 * 1024
 _EXIT_CHECK_S = 0.1
-_KILL_WAIT_S = 0.5
 _JOIN_S = 0.5
 
 
@@ -457,40 +455,10 @@ class HarnessProcess:
     # -- stop --------------------------------------------------------------
 
     def _tree(self) -> dict[int, psutil.Process]:
-        """Snapshot the root, its descendants and every process carrying our marker."""
-        procs: dict[int, psutil.Process] = {}
-        popen = self._popen
-        # Once reaped, the root's pid may belong to a stranger: trust the marker alone.
-        if popen is not None and popen.poll() is None:
-            try:
-                root = psutil.Process(popen.pid)
-                procs[root.pid] = root
-                procs.update((child.pid, child) for child in root.children(recursive=True))
-            except psutil.Error:
-                pass
-        for pid in _keeper.marked_pids([self._marker]):
-            try:
-                procs.setdefault(pid, psutil.Process(pid))
-            except psutil.Error:
-                continue
-        return procs
+        return _tree.snapshot(self._popen, self._marker)
 
     def _end_tree(self, popen: subprocess.Popen[bytes]) -> None:
-        for sig, wait_s in (
-            (signal.SIGTERM, self.config.stop_grace_s),
-            (signal.SIGKILL, _KILL_WAIT_S),
-        ):
-            procs = self._tree()
-            if popen.poll() is None:
-                _signal_group(popen.pid, sig)
-            for proc in procs.values():
-                try:
-                    proc.send_signal(sig)
-                except psutil.Error:
-                    continue
-            _wait_gone(popen, procs.values(), wait_s)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(timeout=_KILL_WAIT_S)
+        _tree.end(popen, self._marker, self.config.stop_grace_s)
 
     def _crashed(self, what: str) -> HarnessCrashed:
         return HarnessCrashed(
@@ -515,35 +483,6 @@ def _reader(
     )
     thread.start()
     return thread
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, sig)
-
-
-def _wait_gone(
-    popen: subprocess.Popen[bytes], procs: Iterable[psutil.Process], timeout_s: float
-) -> None:
-    """Wait until every process in ``procs`` is gone or a zombie (reaping ours)."""
-    pending = list(procs)
-    deadline = time.monotonic() + timeout_s
-    delay = 0.001
-    while True:
-        popen.poll()  # reap the root so it does not linger as a zombie
-        pending = [p for p in pending if _running(p)]
-        remaining = deadline - time.monotonic()
-        if not pending or remaining <= 0:
-            return
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.02)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def hold_keeper() -> None:

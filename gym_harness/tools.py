@@ -25,13 +25,13 @@ module is cheap.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gym_harness._imports import import_attr
 from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
 
 if TYPE_CHECKING:
@@ -185,15 +185,7 @@ def load_tools(spec: Any) -> FastMCP:
 
 
 def _import_attr(spec: str) -> Any:
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"tool import string {spec!r} must look like 'package.module:attr'")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import tools from {spec!r}: {exc}") from exc
+    target = import_attr(spec, "tools")
     if isinstance(target, (str, bytes)):
         raise ConfigError(f"tool import string {spec!r} names a string, not tools")
     return target

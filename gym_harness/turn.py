@@ -155,10 +155,12 @@ class TurnRunner:
 
     def _take(self, line: str, events: list[HarnessEvent]) -> Feed:
         feed = self.harness.feed(line)
-        for event in feed.events:
-            events.append(event)
-            self.emit(event)
-        self._write(feed.replies)
+        if feed.events:
+            events.extend(feed.events)
+            for event in feed.events:
+                self.emit(event)
+        if feed.replies:
+            self._write(feed.replies)
         return feed
 
     def _write(self, lines: Sequence[str]) -> bool:
