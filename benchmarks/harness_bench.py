@@ -6,18 +6,21 @@ the env's MCP bridge, all on 127.0.0.1:
 * long-lived: ``HarnessEnv`` reset time (spawn + handshake + tool check) and
   per-turn time (one ``step``) on one long-lived process;
 * one-shot: the same turn as a fresh process per turn that resumes the
-  conversation (``claude -p --resume SESSION``, ``codex exec resume --json
-  THREAD``, stdin closed), with the same private config and MCP server;
+  conversation in the CLI's own non-interactive mode (stdin closed), with the
+  config files and environment the harness itself writes and the same MCP
+  server (see ``ONE_SHOT_MODES``, printed under the table); a first one-shot
+  turn makes the session and is not timed. The bench checks the one-shot runs
+  listed the env tools on the bridge and that the last turn carried the first;
 * the ratio one-shot / long-lived per turn.
 
 Runs itself inside a fresh loopback-only network namespace (like the tests).
 
 Usage::
 
-    python benchmarks/harness_bench.py [--turns 10] [--resets 3] [--only claude,codex]
+    python benchmarks/harness_bench.py [--turns 10] [--resets 3] [--only claude_code,codex]
 
 Adding a harness: append a ``Bench`` to ``benches()``; ``one_shot`` may be
-``None`` where the CLI has no resumable one-shot mode (the ACP agents).
+``None`` where the CLI has no one-shot mode (the column then shows ``-``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +50,29 @@ from model_server import ScriptedModelServer  # noqa: E402
 from gym_harness import HarnessEnv  # noqa: E402
 from gym_harness.bridge import MCPBridge  # noqa: E402
 from gym_harness.config import HarnessConfig  # noqa: E402
+from gym_harness.harnesses._common import write_private  # noqa: E402
+from gym_harness.harnesses.acp_presets import (  # noqa: E402
+    GeminiCLIHarness,
+    OpenCodeHarness,
+    QwenCodeHarness,
+)
 from gym_harness.harnesses.base import EpisodeContext, Harness  # noqa: E402
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness  # noqa: E402
 from gym_harness.harnesses.codex import CodexHarness  # noqa: E402
 from gym_harness.tools import load_tools  # noqa: E402
 
 ONE_SHOT_TIMEOUT_S = 60.0
+#: The one-shot turn that makes the session; later turns must still carry it.
+FIRST = "hello from the first turn"
+#: What each one-shot column runs, printed as the table's footnote.
+ONE_SHOT_MODES = {
+    "claude_code": "claude -p MSG --output-format json --resume SESSION",
+    "codex": "codex exec resume --json THREAD MSG (MCP server via -c)",
+    "opencode": "opencode run --pure --format json --session ID MSG"
+    " (MCP server added to the preset's opencode.json)",
+    "qwen_code": "qwen --auth-type openai -o json --resume ID --mcp-config FILE MSG",
+    "gemini_cli": "gemini -o json --resume ID -p MSG (MCP server in the preset's settings.json)",
+}
 
 
 def add(a: int, b: int) -> int:
@@ -106,31 +126,42 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
     return elapsed, done.stdout
 
 
+def resumed(
+    env: dict[str, str],
+    cwd: Path,
+    turns: int,
+    first: list[str],
+    session_of: Callable[[str], str],
+    then: Callable[[str, str], list[str]],
+) -> list[float]:
+    """Run ``first`` (untimed), read its session id, then time ``then(session, msg)`` per turn."""
+    _, out = run(first, env, cwd)
+    session = session_of(out)
+    return [run(then(session, f"turn {n}"), env, cwd)[0] for n in range(turns)]
+
+
+def without(command: Sequence[str], *flags: str) -> list[str]:
+    """The preset's argv minus its ACP switch: the rest (model, auth) holds for one-shot too."""
+    return [arg for arg in command if arg not in flags]
+
+
 def claude_one_shot(config: HarnessConfig, cwd: Path, turns: int) -> list[float]:
     """``claude -p MSG --resume SESSION`` per turn, after a first turn that makes the session."""
     base = list(config.command)
     for flag in ("--input-format", "--output-format"):
         i = base.index(flag)
         del base[i : i + 2]
-    env = spawn_env(config)
-    first = [base[0], "-p", "hello", *base[2:], "--output-format", "json"]
-    _, out = run(first, env, cwd)
-    parsed = json.loads(out)  # with --verbose: the list of every message
-    session = next(m for m in parsed if m.get("type") == "result")["session_id"]
-    times = []
-    for n in range(turns):
-        cmd = [
-            base[0],
-            "-p",
-            f"turn {n}",
-            *base[2:],
-            "--output-format",
-            "json",
-            "--resume",
-            session,
-        ]
-        times.append(run(cmd, env, cwd)[0])
-    return times
+
+    def cmd(message: str, *resume: str) -> list[str]:
+        return [base[0], "-p", message, *base[2:], "--output-format", "json", *resume]
+
+    def session_of(out: str) -> str:
+        parsed = json.loads(out)  # with --verbose: the list of every message
+        return str(next(m for m in parsed if m.get("type") == "result")["session_id"])
+
+    return resumed(
+        spawn_env(config), cwd, turns, cmd(FIRST), session_of, lambda s, m: cmd(m, "--resume", s)
+    )
 
 
 def codex_one_shot(
@@ -142,18 +173,77 @@ def codex_one_shot(
     overrides: list[str] = []
     for key, value in entry.items():
         overrides += ["-c", f"mcp_servers.{ctx.server_name}.{key}={json.dumps(value)}"]
-    env = spawn_env(config)
     common = ["--json", "--skip-git-repo-check", *overrides]
-    _, out = run([exe, "exec", *common, "hello"], env, cwd)
-    thread = next(
-        json.loads(line)["thread_id"]
-        for line in out.splitlines()
-        if line.startswith("{") and json.loads(line).get("type") == "thread.started"
+
+    def thread_of(out: str) -> str:
+        events = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+        return str(next(e["thread_id"] for e in events if e.get("type") == "thread.started"))
+
+    return resumed(
+        spawn_env(config),
+        cwd,
+        turns,
+        [exe, "exec", *common, FIRST],
+        thread_of,
+        lambda thread, msg: [exe, "exec", "resume", *common, thread, msg],
     )
-    return [
-        run([exe, "exec", "resume", *common, thread, f"turn {n}"], env, cwd)[0]
-        for n in range(turns)
-    ]
+
+
+def opencode_one_shot(
+    config: HarnessConfig, cwd: Path, turns: int, ctx: EpisodeContext
+) -> list[float]:
+    """``opencode run --session ID MSG`` per turn.
+
+    ``opencode run`` has no ``session/new`` to carry the MCP server, so it joins
+    the preset's ``opencode.json``; the token stays in the environment.
+    """
+    path = ctx.home / ".config" / "opencode" / "opencode.json"
+    settings = json.loads(path.read_text())
+    auth = {"Authorization": "Bearer {env:BENCH_BRIDGE_TOKEN}"}
+    settings["mcp"] = {ctx.server_name: {"type": "remote", "url": ctx.bridge_url, "headers": auth}}
+    write_private(path, json.dumps(settings))
+    env = {**spawn_env(config), "BENCH_BRIDGE_TOKEN": ctx.bridge_token}
+    exe, *rest = without(config.command, "acp")
+    common = [exe, "run", *rest, "--format", "json"]
+    return resumed(
+        env,
+        cwd,
+        turns,
+        [*common, FIRST],
+        lambda out: str(json.loads(out.splitlines()[0])["sessionID"]),
+        lambda session, msg: [*common, "--session", session, msg],
+    )
+
+
+def qwen_one_shot(config: HarnessConfig, cwd: Path, turns: int, ctx: EpisodeContext) -> list[float]:
+    """``qwen -o json --resume ID MSG`` per turn, the MCP server in a private ``--mcp-config``."""
+    server = {"httpUrl": ctx.bridge_url, "headers": {"Authorization": f"Bearer {ctx.bridge_token}"}}
+    mcp_file = ctx.home / "bench-mcp.json"
+    write_private(mcp_file, json.dumps({"mcpServers": {ctx.server_name: server}}))
+    common = [*without(config.command, "--acp"), "-o", "json", "--mcp-config", str(mcp_file)]
+    return resumed(
+        spawn_env(config),
+        cwd,
+        turns,
+        [*common, FIRST],
+        lambda out: str(json.loads(out)[0]["session_id"]),
+        lambda session, msg: [*common, "--resume", session, msg],
+    )
+
+
+def gemini_one_shot(
+    config: HarnessConfig, cwd: Path, turns: int, ctx: EpisodeContext
+) -> list[float]:
+    """``gemini -o json --resume ID -p MSG`` per turn (MCP server: preset's settings)."""
+    common = [*without(config.command, "--experimental-acp", "--acp"), "-o", "json"]
+    return resumed(
+        spawn_env(config),
+        cwd,
+        turns,
+        [*common, "-p", FIRST],
+        lambda out: str(json.loads(out)["session_id"]),
+        lambda session, msg: [*common, "--resume", session, "-p", msg],
+    )
 
 
 # ---------------------------------------------------------------- benches
@@ -170,8 +260,18 @@ class Bench:
 
 
 def benches() -> list[Bench]:
-    """Every harness the benchmark knows; the ACP presets join when their module exists."""
-    found = [
+    """Every harness the benchmark knows."""
+
+    def preset(
+        cls: Callable[..., Harness], cli: str, openai: bool
+    ) -> Callable[[ScriptedModelServer], Harness]:
+        return lambda srv: cls(
+            executable=str(CLI_BIN / cli),
+            model="scripted-model",
+            base_url=srv.openai_base_url if openai else srv.base_url,
+        )
+
+    return [
         Bench(
             "claude_code",
             "claude",
@@ -190,29 +290,10 @@ def benches() -> list[Bench]:
             ),
             codex_one_shot,
         ),
+        Bench("opencode", "opencode", preset(OpenCodeHarness, "opencode", True), opencode_one_shot),
+        Bench("qwen_code", "qwen", preset(QwenCodeHarness, "qwen", True), qwen_one_shot),
+        Bench("gemini_cli", "gemini", preset(GeminiCLIHarness, "gemini", False), gemini_one_shot),
     ]
-    try:
-        from gym_harness.harnesses import acp_presets
-    except ImportError:
-        return found
-    for name, cli, cls in (
-        ("opencode", "opencode", "OpenCodeHarness"),
-        ("qwen_code", "qwen", "QwenCodeHarness"),
-    ):
-        preset = getattr(acp_presets, cls, None)
-        if preset is not None:
-            found.append(
-                Bench(
-                    name,
-                    cli,
-                    lambda srv, p=preset, c=cli: p(
-                        executable=str(CLI_BIN / c),
-                        model="scripted-model",
-                        base_url=srv.openai_base_url,
-                    ),
-                )
-            )
-    return found
 
 
 def measure(bench: Bench, resets: int, turns: int) -> dict[str, float | str]:
@@ -245,12 +326,18 @@ def measure(bench: Bench, resets: int, turns: int) -> dict[str, float | str]:
             "turn_s": statistics.median(turn_s),
         }
         if bench.one_shot is not None:
-            row["one_shot_turn_s"] = statistics.median(one_shot(bench, srv, harness, turns))
+            try:
+                row["one_shot_turn_s"] = statistics.median(one_shot(bench, srv, harness, turns))
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+                # One CLI's one-shot failing must not hide the others' figures.
+                row["one_shot_error"] = f"{type(exc).__name__}: {exc}"[:400]
+                return row
             row["ratio"] = float(row["one_shot_turn_s"]) / float(row["turn_s"])
         return row
 
 
 def one_shot(bench: Bench, srv: ScriptedModelServer, harness: Harness, turns: int) -> list[float]:
+    """Time ``bench``'s one-shot turns in a fresh private home, then check they were real."""
     assert bench.one_shot is not None
     bridge = MCPBridge(load_tools([add]))
     bridge.start()
@@ -268,7 +355,14 @@ def one_shot(bench: Bench, srv: ScriptedModelServer, harness: Harness, turns: in
                 tool_names=tuple(spec.name for spec in bridge.list_tools()),
             )
             config = harness.launch(ctx, HarnessConfig())
-            return bench.one_shot(config, workspace, turns, ctx)
+            times = bench.one_shot(config, workspace, turns, ctx)
+        if not bridge.tools_listed:
+            raise RuntimeError("the one-shot runs never listed the env tools on the bridge")
+        # A resumed turn sends the whole conversation: the last one must carry the first turn.
+        last = f"turn {turns - 1}".encode()
+        if not any(last in r.raw and FIRST.encode() in r.raw for r in srv.requests()):
+            raise RuntimeError(f"no model request with {last!r} carried the first turn")
+        return times
     finally:
         bridge.stop()
 
@@ -283,12 +377,12 @@ def main() -> None:
     # Providers' keys are not needed: the scripted model accepts any.
     os.environ.setdefault("ANTHROPIC_API_KEY", "bench-key")
     os.environ.setdefault("OPENAI_API_KEY", "bench-key")
+    os.environ.setdefault("GEMINI_API_KEY", "bench-key")
     wanted = {n for n in args.only.split(",") if n}
     head = ("harness", "reset_s", "turn1_s", "turn_s", "oneshot_s", "ratio")
     print("{:<12} {:>8} {:>8} {:>8} {:>10} {:>7}".format(*head))
-    for bench in benches():
-        if wanted and bench.name not in wanted:
-            continue
+    shown = [bench for bench in benches() if not wanted or bench.name in wanted]
+    for bench in shown:
         if not (CLI_BIN / bench.cli).exists():
             print(f"{bench.name:<12} skipped: {bench.cli} not installed (bash .ci/install-clis.sh)")
             continue
@@ -305,6 +399,13 @@ def main() -> None:
             f"{row['turn_s']:>8.3f} {shot_s} {ratio_s}",
             flush=True,
         )
+        if "one_shot_error" in row:
+            print(f"{'':<12} one-shot failed: {row['one_shot_error']}", flush=True)
+    print(f"\nmedians; {args.resets} resets, {args.turns} turns; oneshot_s: one fresh process")
+    print("per turn resuming the session its untimed first turn made:")
+    for bench in shown:
+        if bench.one_shot is not None:
+            print(f"  {bench.name:<12} {ONE_SHOT_MODES[bench.name]}")
 
 
 if __name__ == "__main__":
