@@ -4,7 +4,9 @@ Three processes, like a real episode: the scripted model server (tests/model_ser
 stands in for the upstream API, a client process stands in for the harness, and the proxy
 runs in this process, as it would in the env's. The client calls both paths in one run,
 interleaved, so machine noise hits both alike, and reports time to first token (first
-content delta) and total time; this prints p50/p90 and the p50 the proxy adds.
+content delta) and total time; this prints p50/p90, the p50 the proxy adds, and the
+proxy's CPU time per call (on a small machine the proxy's CPU is the client's wait).
+Run it with this tree first on PYTHONPATH if another checkout is installed.
 
     python benchmarks/capture_bench.py [--n 300] [--words 50]
 """
@@ -90,6 +92,7 @@ def main() -> None:
                 "direct": [f"{upstream}/v1/chat/completions", "real-key"],
                 "proxy": [f"{proxy.base_url}/v1/chat/completions", proxy.token],
             }
+            cpu_before = time.process_time()  # this process: the proxy's thread, else idle
             out = subprocess.run(
                 [*me, "--n", str(args.n), "--client", json.dumps(paths)],
                 capture_output=True,
@@ -97,6 +100,7 @@ def main() -> None:
                 timeout=600,
                 check=True,
             )
+            cpu_ms = (time.process_time() - cpu_before) * 1e3
             recorded = proxy.drain()
     finally:
         server.communicate(timeout=10)  # closes its stdin: it stops on its own
@@ -114,6 +118,7 @@ def main() -> None:
         f"added by the proxy at p50: ttft {p50['proxy'][0] - p50['direct'][0]:+.3f} ms, "
         f"total {p50['proxy'][1] - p50['direct'][1]:+.3f} ms"
     )
+    print(f"proxy CPU per proxied call: {cpu_ms / len(recorded):.3f} ms (less noisy than latency)")
     ok = sum(r.outcome == "ok" for r in recorded)
     print(f"exchanges recorded by the proxy: {len(recorded)} ({ok} ok)")
 

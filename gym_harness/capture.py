@@ -12,7 +12,8 @@ OpenAI Chat Completions, OpenAI Responses, Anthropic Messages, Gemini.
 
 Threads: the caller's thread owns the lifecycle (``start``/``stop``/
 ``rotate_token``/``drain``). The proxy thread owns one asyncio loop running
-uvicorn and the upstream httpx2 client; it appends records behind a lock.
+uvicorn and the upstream connections (``gym_harness._upstream``); it appends records
+behind a lock.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from gym_harness.capture_records import (
 from gym_harness.errors import CaptureError
 
 if TYPE_CHECKING:
-    import httpx2
+    from gym_harness._upstream import UpstreamPool, UpstreamResponse
 
 __all__ = [
     "ModelExchange",
@@ -87,7 +88,7 @@ _SKIP_REQUEST = frozenset(
 # content-length too: the answer goes out chunked, so its end reaches the harness only after
 # the exchange is recorded (a harness that has its answer finds it in records()).
 _SKIP_RESPONSE = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-encoding", "content-length"}
+    {b"connection", b"keep-alive", b"transfer-encoding", b"content-encoding", b"content-length"}
 )
 
 
@@ -155,7 +156,7 @@ class ModelProxy(RotatingToken):
         self._seq = 0
         self._state = ProxyState.UNOPENED
         self._server: LoopbackServer | None = None
-        self._client: httpx2.AsyncClient | None = None
+        self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
         self._cut: dict[asyncio.Task[Any], str] = {}
@@ -249,7 +250,7 @@ class ModelProxy(RotatingToken):
             error=CaptureError,
             stop_timeout_s=_STOP_TIMEOUT_S,
             options=_UVICORN_OPTIONS,
-            context=self._upstream_client,
+            context=self._upstream_pool,
         )
         server.start()
         self._server = server
@@ -263,7 +264,7 @@ class ModelProxy(RotatingToken):
         server, self._server = self._server, None
         if server is not None:
             server.stop()  # bounded, never raises
-        self._client = None
+        self._pool = None
 
     def __enter__(self) -> ModelProxy:
         self.start()
@@ -295,33 +296,35 @@ class ModelProxy(RotatingToken):
             await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
             return
         call.content, call.added = self._maybe_add_logprobs(path, call.content)
-        url = self.upstream + path + (f"?{query}" if query else "")
+        # raw_path: the path as the harness wrote it (scope["path"] is percent-decoded).
+        raw_path = scope.get("raw_path") or path.encode()
+        target = raw_path.decode("latin-1") + (f"?{query}" if query else "")
         call.disconnect = asyncio.ensure_future(receive())  # resolves when the harness hangs up
         task = asyncio.current_task()
         assert task is not None
         self._inflight.add(task)
         try:
-            await self._forward(call, url, outgoing)
+            await self._forward(call, target, outgoing)
         finally:
             call.disconnect.cancel()
             self._inflight.discard(task)
             self._cut.pop(task, None)
 
-    async def _forward(self, call: _Call, url: str, headers: list[tuple[str, str]]) -> None:
-        import httpx2  # imported by the proxy thread, not by ``import gym_harness``
+    async def _forward(self, call: _Call, target: str, headers: list[tuple[str, str]]) -> None:
+        # Imported by the proxy thread, not by ``import gym_harness`` (h11 takes ~20 ms).
+        from gym_harness._upstream import UpstreamDropped, UpstreamTimeout, UpstreamUnreachable
 
-        assert self._client is not None
-        request = self._client.build_request(
-            call.method, url, headers=headers, content=call.content
-        )
+        assert self._pool is not None
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx2.TimeoutException as exc:
-            outcome, status, why = "stalled", 504, f"upstream silent for {self.timeout_s}s: {exc!r}"
-        except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
+            response = await self._pool.request(call.method, target, headers, call.content)
+        except UpstreamTimeout as exc:
+            outcome, status, why = "stalled", 504, f"upstream silent for {self.timeout_s}s: {exc}"
+        except UpstreamDropped as exc:
             # Connected, then closed before any answer. The harness gets a 502 (ASGI has
             # no way to close its connection before a response starts).
-            outcome, status, why = "dropped", 502, f"upstream closed without answering: {exc!r}"
+            outcome, status, why = "dropped", 502, f"upstream closed without answering: {exc}"
+        except UpstreamUnreachable as exc:
+            outcome, status, why = "unreachable", 502, f"upstream unreachable: {exc}"
         except asyncio.CancelledError:
             cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
             outcome, status = ("stalled", 504) if cut is not None else ("cancelled", 502)
@@ -331,31 +334,26 @@ class ModelProxy(RotatingToken):
                 raise
             await _send_json(call.send, status, _error(why))
             return
-        except httpx2.HTTPError as exc:
-            outcome, status, why = "unreachable", 502, f"upstream unreachable: {exc!r}"
         else:
             await self._relay(call, response)
             return
         self._record(call, status, outcome, why, None)
         await _send_json(call.send, status, _error(why))
 
-    async def _relay(self, call: _Call, response: httpx2.Response) -> None:
-        import httpx2
+    async def _relay(self, call: _Call, response: UpstreamResponse) -> None:
+        from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
-        out_headers = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in response.headers.multi_items()
-            if k.lower() not in _SKIP_RESPONSE
-        ]
+        out_headers = [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
         send, disconnect = call.send, call.disconnect
         await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
+            {"type": "http.response.start", "status": response.status, "headers": out_headers}
         )
         chunks: list[bytes] = []
         ttfb: float | None = None
-        outcome, why = ("refused" if response.status_code >= 400 else "ok"), ""
+        outcome, why = ("refused" if response.status >= 400 else "ok"), ""
         try:
-            async for chunk in response.aiter_raw():
+            # Each piece is every body byte one socket read brought, sent on at once.
+            while (chunk := await response.read_some()) is not None:
                 self.last_activity = time.monotonic()
                 if ttfb is None:
                     ttfb = time.perf_counter() - call.t0
@@ -364,10 +362,10 @@ class ModelProxy(RotatingToken):
                 if disconnect is not None and disconnect.done():
                     outcome, why = "client_closed", "the harness hung up mid-answer"
                     break
-        except httpx2.TimeoutException as exc:
-            outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc!r}"
-        except httpx2.HTTPError as exc:
-            outcome, why = "dropped", f"upstream connection broke mid-answer: {exc!r}"
+        except UpstreamTimeout as exc:
+            outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc}"
+        except UpstreamDropped as exc:
+            outcome, why = "dropped", f"upstream connection broke mid-answer: {exc}"
         except asyncio.CancelledError:  # the env cut it, or the proxy is stopping
             cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
             if cut is None:
@@ -375,10 +373,9 @@ class ModelProxy(RotatingToken):
                 raise
             outcome, why = "stalled", f"the answer was unfinished when {cut}"
         finally:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await response.aclose()
-            answer = (response.headers.get("content-type", ""), b"".join(chunks))
-            self._record(call, response.status_code, outcome, why, answer, ttfb)
+            await response.aclose()
+            answer = (response.header(b"content-type"), b"".join(chunks))
+            self._record(call, response.status, outcome, why, answer, ttfb)
         if outcome in ("stalled", "dropped"):
             raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -464,15 +461,17 @@ class ModelProxy(RotatingToken):
         self._pending = []
 
     @contextlib.asynccontextmanager
-    async def _upstream_client(self) -> AsyncIterator[None]:
-        """The upstream client, opened and closed on the proxy loop around serving."""
-        import httpx2  # imported by the proxy thread, not by ``import gym_harness``
+    async def _upstream_pool(self) -> AsyncIterator[None]:
+        """The upstream connections, opened and closed on the proxy loop around serving."""
+        from gym_harness._upstream import UpstreamPool
 
-        timeout = httpx2.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-        # trust_env=False: a proxy variable in the environment must not reroute model traffic.
-        async with httpx2.AsyncClient(timeout=timeout, trust_env=False) as client:
-            self._client = client
+        self._pool = UpstreamPool(
+            self.upstream, timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s
+        )
+        try:
             yield
+        finally:
+            await self._pool.aclose()
 
 
 _QUIET = _QuietBrokenStreams()

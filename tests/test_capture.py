@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import h11
 import httpx2 as httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from model_server import Drop, Fail, ScriptedModelServer, Stall, token_id
 
+from gym_harness._upstream import UpstreamDropped, _Body
 from gym_harness.capture import ModelExchange, ModelProxy, ProxyState, SSEEvent, parse_sse
 from gym_harness.errors import CaptureError
 
@@ -328,3 +332,216 @@ def test_parse_sse_round_trip(events: list[tuple[str, str]]) -> None:
         for name, data in events
     )
     assert parse_sse(wire.encode()) == tuple(SSEEvent(n, d) for n, d in events)
+
+
+class RawUpstream:
+    """A bare HTTP/1.1 upstream on 127.0.0.1 that answers each request with scripted bytes.
+
+    Each answer is a list of pieces, each sent with its own ``sendall`` (so framing lands
+    split across reads), then the connection is closed if the answer says so. It counts the
+    connections it accepted and keeps each request's head, to check framing and keep-alive.
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.answers: list[tuple[list[bytes], bool]] = []
+        self.heads: list[bytes] = []
+        self.connections = 0
+        self._conns: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed by stop()
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.connections += 1
+            self._conns.append(conn)
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        with contextlib.suppress(OSError):
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                size = int(length.group(1)) if length else 0
+                while len(buf) < size:
+                    buf += conn.recv(65536)
+                buf = buf[size:]
+                self.heads.append(head)
+                pieces, close = self.answers.pop(0)
+                for piece in pieces:
+                    conn.sendall(piece)
+                if close:
+                    conn.shutdown(socket.SHUT_RDWR)
+                    return
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the blocked accept() (Linux)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+@pytest.fixture
+def raw_upstream() -> Iterator[RawUpstream]:
+    upstream = RawUpstream()
+    try:
+        yield upstream
+    finally:
+        upstream.stop()
+
+
+SSE = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n'
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    """``body`` in chunked transfer coding, ``size`` bytes a chunk, with an extension and a
+    trailer (both legal, both dropped on the way to the harness)."""
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\nX-T: 1\r\n\r\n"
+
+
+def split_every(data: bytes, n: int) -> list[bytes]:
+    return [data[i : i + n] for i in range(0, len(data), n)]
+
+
+# name: (the upstream's answer, in pieces; it closes the connection after it)
+FRAMINGS: dict[str, tuple[list[bytes], bool]] = {
+    "chunked, split inside sizes and data": (
+        split_every(SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(SSE, 7), 5),
+        False,
+    ),
+    "content-length, split": (
+        split_every(SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(SSE) + SSE, 9),
+        False,
+    ),
+    "informational answers first": (
+        [
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n",
+            SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(SSE) + SSE,
+        ],
+        False,
+    ),
+    "close-delimited": ([SSE_HEAD + b"Connection: close\r\n\r\n", *split_every(SSE, 11)], True),
+}
+
+
+@pytest.mark.parametrize("framing", list(FRAMINGS))
+def test_upstream_framings_reach_harness_intact(raw_upstream: RawUpstream, framing: str) -> None:
+    pieces, close = FRAMINGS[framing]
+    raw_upstream.answers = [(pieces, close), (pieces, close)]
+    upstream = f"http://127.0.0.1:{raw_upstream.port}/api"
+    with (
+        ModelProxy(upstream, api_key=REAL_KEY, timeout_s=5) as proxy,
+        httpx.Client(base_url=proxy.base_url, timeout=10) as client,
+    ):
+        headers = auth(proxy, "authorization")
+        seen = [
+            client.post("/v1/chat/completions?x=1", json={"stream": True}, headers=headers)
+            for _ in range(2)
+        ]
+        records = proxy.drain()
+    assert [s.content for s in seen] == [SSE, SSE]
+    assert [(r.outcome, r.status, r.text) for r in records] == [("ok", 200, "hi")] * 2
+    assert all(r.events == parse_sse(SSE) for r in records)
+    for head in raw_upstream.heads:  # the path prefix is kept, Host names the upstream
+        assert head.startswith(b"POST /api/v1/chat/completions?x=1 HTTP/1.1\r\n")
+        assert f"host: 127.0.0.1:{raw_upstream.port}\r\n".encode() in head.lower()
+        assert f"authorization: Bearer {REAL_KEY}".encode() in head
+    # a kept-alive connection is reused; one the upstream closed is not
+    assert raw_upstream.connections == (2 if close else 1)
+
+
+def test_head_answer_has_no_body_and_keeps_the_connection(raw_upstream: RawUpstream) -> None:
+    head_only = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\n"
+    raw_upstream.answers = [([head_only], False), ([head_only + b"0123456789"], False)]
+    with (
+        ModelProxy(f"http://127.0.0.1:{raw_upstream.port}", api_key=REAL_KEY, timeout_s=5) as proxy,
+        httpx.Client(base_url=proxy.base_url, timeout=10) as client,
+    ):
+        assert client.head("/").status_code == 200
+        assert client.get("/a%20b", headers=auth(proxy, "authorization")).text == "0123456789"
+        records = proxy.drain()
+    assert [(r.method, r.outcome, r.body) for r in records] == [
+        ("HEAD", "ok", ""),
+        ("GET", "ok", "0123456789"),
+    ]
+    assert raw_upstream.heads[1].startswith(b"GET /a%20b HTTP/1.1\r\n")  # not re-encoded
+    assert raw_upstream.connections == 1
+
+
+def test_an_answer_that_is_not_http_is_dropped(raw_upstream: RawUpstream) -> None:
+    raw_upstream.answers = [([b"SSH-2.0-OpenSSH_9.6\r\n\r\n"], True)]
+    with (
+        ModelProxy(f"http://127.0.0.1:{raw_upstream.port}", api_key=REAL_KEY, timeout_s=5) as proxy,
+        httpx.Client(base_url=proxy.base_url, timeout=10) as client,
+    ):
+        path, header, body = requests_for(False)["chat"]
+        resp = client.post(path, json=body, headers=auth(proxy, header))
+        (record,) = proxy.drain()
+    assert resp.status_code == 502 and record.outcome == "dropped"
+    assert "closed without answering" in record.error and "broken HTTP" in record.error
+
+
+def decode_chunked(wire: bytes, cuts: list[int]) -> tuple[bytes, _Body]:
+    """Feed ``wire`` (a chunked answer's body) to the proxy's decoder, cut at ``cuts``."""
+    head = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
+    body, out, start = _Body("POST", head), [], 0
+    for end in [*sorted(set(cuts)), len(wire)]:
+        out.append(body.feed(wire[start:end]))
+        start = end
+    return b"".join(out), body
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), max_size=6),
+    st.lists(st.integers(0, 400), max_size=12),
+    st.booleans(),
+)
+def test_chunked_decoding_survives_any_split(
+    pieces: list[bytes], cuts: list[int], extras: bool
+) -> None:
+    ext, trailer = (b";name=v", b"X-T: 1\r\n") if extras else (b"", b"")
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(p), ext, p) for p in pieces)
+    wire += b"0%s\r\n%s\r\n" % (ext, trailer)
+    decoded, body = decode_chunked(wire, [c for c in cuts if c < len(wire)])
+    assert decoded == b"".join(pieces) and body.done and body.clean
+    _, over = decode_chunked(wire + b"HTTP/1.1 200 OK\r\n", [])  # bytes past the end
+    assert over.done and not over.clean
+
+
+@pytest.mark.parametrize(
+    "wire", [b"x\r\n", b"+5\r\nhello\r\n", b"0x5\r\nhello\r\n", b"5\r\nhelloXX", b"1_0\r\n"]
+)
+def test_broken_chunked_framing_is_refused(wire: bytes) -> None:
+    with pytest.raises(UpstreamDropped, match="broken HTTP"):
+        decode_chunked(wire, [])
+
+
+def test_an_unfinished_body_is_dropped_at_eof() -> None:
+    _, body = decode_chunked(b"5\r\nhel", [])
+    with pytest.raises(UpstreamDropped, match="before the answer ended"):
+        body.end()
+    counted = _Body("POST", h11.Response(status_code=200, headers=[("content-length", "3")]))
+    assert counted.feed(b"ab") == b"ab" and not counted.done
+    assert counted.feed(b"cd") == b"c" and counted.done and not counted.clean
