@@ -47,18 +47,6 @@ __all__ = ["HarnessEnv"]
 
 #: Longest text an action or observation may hold (the spaces' bound).
 MAX_TEXT = 1 << 24
-INFO_KEYS = (
-    "turn",
-    "error_type",
-    "error",
-    "events",
-    "tool_calls",
-    "elapsed_s",
-    "exit_code",
-    "stderr_tail",
-    "episode_id",
-    "task_id",
-)
 
 
 class EpisodeState(enum.Enum):

@@ -96,7 +96,6 @@ class ACPHarness(Harness):
         self.agent_info: dict[str, Any] = {}
         self._chunks: list[str] = []
         self._calls: dict[str, dict[str, Any]] = {}  # toolCallId -> what we know of it
-        self._tools_checked = False
 
     # ----------------------------------------------------------------- launch
 
