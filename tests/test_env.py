@@ -5,6 +5,7 @@ from __future__ import annotations
 import __future__
 
 import asyncio
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -356,3 +357,18 @@ def test_public_names_match_all() -> None:
     modules |= {n for n in public if isinstance(getattr(gym_harness, n), __future__._Feature)}
     assert sorted(gym_harness.__all__) == gym_harness.__all__
     assert set(gym_harness.__all__) == (public - modules) | {"__version__"}
+
+
+def test_make_by_module_prefix_without_importing_gym_harness_first() -> None:
+    code = (
+        "import sys, gymnasium\n"
+        "assert 'gym_harness' not in sys.modules\n"
+        "env = gymnasium.make('gym_harness:gym_harness/Reference-v0')\n"
+        "print(type(env.unwrapped).__name__, 'fastmcp' in sys.modules)\n"
+        "env.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["HarnessEnv", "False"]  # and construction stays cheap
