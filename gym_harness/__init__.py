@@ -21,7 +21,7 @@ from gym_harness.capture import (
     TokenLogprob,
     ToolCallRecord,
 )
-from gym_harness.chat_format import exchange_messages, exchange_tools
+from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
@@ -90,6 +90,7 @@ __all__ = [
     "UnicodeText",
     "__version__",
     "exchange_messages",
+    "exchange_records",
     "exchange_tools",
     "harness_class",
     "load_tasks",

@@ -21,7 +21,7 @@ import enum
 import hmac
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +113,10 @@ class MCPBridge(RotatingToken):
         tools: Anything :func:`gym_harness.tools.load_tools` accepts.
         tool_names: Served name -> original name (from
             :func:`~gym_harness.tools.resolve_tool_conflicts`). ``None`` serves every
-            non-hidden tool under its own name.
+            non-hidden tool under its own name, renamed with ``prefix`` where it clashes
+            with one of ``builtin_names``.
+        builtin_names: The harness's own tool names (with ``tool_names=None``).
+        prefix: Prepended to a tool that clashes with a built-in (with ``tool_names=None``).
         tool_timeout_s: A call running longer returns an MCP tool error (a hung sync
             tool keeps its worker thread until it returns; Python cannot kill it).
         lock: A ``threading.Lock`` held around every call of a tool tagged
@@ -138,6 +141,8 @@ class MCPBridge(RotatingToken):
         tools: Any,
         *,
         tool_names: Mapping[str, str] | None = None,
+        builtin_names: Iterable[str] = (),
+        prefix: str = "env_",
         tool_timeout_s: float = 120.0,
         lock: threading.Lock | None = None,
     ) -> None:
@@ -147,6 +152,8 @@ class MCPBridge(RotatingToken):
             raise ConfigError("lock must be a threading.Lock: the bridge acquires it off-thread")
         self._spec = tools
         self._requested_names = dict(tool_names) if tool_names is not None else None
+        self._builtin_names = frozenset(builtin_names)
+        self._prefix = prefix
         self.tool_timeout_s = tool_timeout_s
         self._lock = lock
         super().__init__()
@@ -273,7 +280,7 @@ class MCPBridge(RotatingToken):
         originals = {tool.name: tool for tool in run_sync(source.list_tools)}
         visible = [name for name, tool in originals.items() if not _hidden(tool)]
         if self._requested_names is None:
-            names = resolve_tool_conflicts(visible, ())
+            names = resolve_tool_conflicts(visible, self._builtin_names, self._prefix)
         else:
             names = self._check_requested(self._requested_names, originals, visible)
         served = [_ServedTool.wrap(self, new, originals[old]) for new, old in names.items()]

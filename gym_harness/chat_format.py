@@ -19,10 +19,10 @@ their responses by function name in order.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["exchange_messages", "exchange_tools"]
+__all__ = ["exchange_messages", "exchange_records", "exchange_tools"]
 
 Message = dict[str, Any]
 
@@ -318,3 +318,24 @@ def _response_text(response: Any) -> str:
 
 
 _PROMPT = {"chat": _chat, "responses": _responses, "anthropic": _anthropic, "gemini": _gemini}
+
+
+def exchange_records(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Pair ``llm_request`` / ``llm_response`` event dicts back into proxy records.
+
+    Args:
+        events: Event dicts in order (``info["events"]`` or a trajectory turn's events).
+
+    Returns:
+        One dict per answered call: the response's data over its request's (the
+        shape of ``ModelExchange.to_dict()``), in answer order.
+    """
+    requests: dict[Any, Mapping[str, Any]] = {}
+    records = []
+    for event in events:
+        data = event["data"]
+        if event["type"] == "llm_request":
+            requests[data["seq"]] = data
+        elif event["type"] == "llm_response":
+            records.append({**requests.pop(data["seq"], {}), **data})
+    return records

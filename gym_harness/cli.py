@@ -219,28 +219,19 @@ def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     OpenAI schemas) and ``raw`` (the proxy's whole record). Requests that are no
     model call (probes, model lists, token counts) are left out.
     """
-    from gym_harness.chat_format import exchange_messages, exchange_tools
+    from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
 
-    requests: dict[int, dict[str, Any]] = {}
-    out = []
-    for turn in turns:
-        for event in turn["events"]:
-            data = event["data"]
-            if event["type"] == "llm_request":
-                requests[data["seq"]] = data
-            elif event["type"] == "llm_response":
-                raw = {**requests.pop(data["seq"], {}), **data}
-                if raw.get("api", "other") == "other":
-                    continue
-                out.append(
-                    {
-                        "turn": turn["turn"],
-                        "messages": exchange_messages(raw),
-                        "tools": exchange_tools(raw),
-                        "raw": raw,
-                    }
-                )
-    return out
+    return [
+        {
+            "turn": turn["turn"],
+            "messages": exchange_messages(raw),
+            "tools": exchange_tools(raw),
+            "raw": raw,
+        }
+        for turn in turns
+        for raw in exchange_records(turn["events"])  # a call's two events share its turn
+        if raw.get("api", "other") != "other"
+    ]
 
 
 class _Progress:

@@ -123,6 +123,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
         self.harness = make_harness(harness, harness_kwargs)
         self.config = self.harness.default_config().replace(**config_kwargs)
+        self.harness.check_config(self.config)
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
         if workspace is not None and not Path(workspace).is_dir():
@@ -346,13 +347,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
     def _ensure_bridge(self) -> MCPBridge:
         if self._bridge is None:
             from gym_harness.bridge import MCPBridge
-            from gym_harness.tools import load_tools, resolve_tool_conflicts, served_tool_specs
 
-            server = load_tools(self._tools_spec if self._tools_spec is not None else [])
-            names = [spec.name for spec in served_tool_specs(server)]
-            mapping = resolve_tool_conflicts(names, self.harness.builtin_tools, self._tool_prefix)
             self._bridge = MCPBridge(
-                server, tool_names=mapping, tool_timeout_s=self._tool_timeout_s, lock=self.lock
+                self._tools_spec if self._tools_spec is not None else [],
+                builtin_names=self.harness.builtin_tools,
+                prefix=self._tool_prefix,
+                tool_timeout_s=self._tool_timeout_s,
+                lock=self.lock,
             )
         return self._bridge
 

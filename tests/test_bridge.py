@@ -186,6 +186,18 @@ def test_renamed_tool_reaches_the_original(bridge: MCPBridge) -> None:
     assert asyncio.run(go()) == "contents of /a"
 
 
+def test_builtin_clash_is_renamed_by_the_bridge_itself() -> None:
+    def read(path: str) -> str:
+        """Clashes with a harness built-in."""
+        return f"contents of {path}"
+
+    bridge = MCPBridge([read, sample_tools.echo], builtin_names={"read"}, prefix="env_")
+    assert [spec.name for spec in bridge.list_tools()] == ["env_read", "echo"]
+    assert bridge.call_tool("env_read", {"path": "/b"}).text == "contents of /b"
+    with pytest.raises(ToolConflictError, match="taken"):
+        MCPBridge([read], builtin_names={"read", "x_read"}, prefix="x_").list_tools()
+
+
 def test_twenty_concurrent_calls() -> None:
     active, peak, guard = [0], [0], threading.Lock()
 

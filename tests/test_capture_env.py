@@ -22,7 +22,7 @@ from model_server import Drop, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
 from gym_harness.capture import parse_sse
-from gym_harness.chat_format import exchange_messages
+from gym_harness.chat_format import exchange_messages, exchange_records
 
 REAL_KEY = "sk-real-upstream-key-7f3a"
 KEY_VAR = "TEST_REAL_KEY"
@@ -107,12 +107,7 @@ def streaming_env(srv: ScriptedModelServer, tmp_path: Path, **kwargs: Any) -> Ha
 
 def model_calls(info: dict[str, Any]) -> list[dict[str, Any]]:
     """The turn's exchanges: each llm_response's data merged with its llm_request's."""
-    requests = {e["data"]["seq"]: e["data"] for e in info["events"] if e["type"] == "llm_request"}
-    return [
-        {**requests[e["data"]["seq"]], **e["data"]}
-        for e in info["events"]
-        if e["type"] == "llm_response"
-    ]
+    return exchange_records(info["events"])
 
 
 def harness_sees(env: HarnessEnv, token: str) -> str:

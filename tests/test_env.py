@@ -279,7 +279,7 @@ def test_bad_config_raises_at_construction() -> None:
     with pytest.raises(ConfigError, match="Unknown harness"):
         HarnessEnv("nope")
     with pytest.raises(ConfigError, match="needs a command"):
-        HarnessEnv("command").reset()
+        HarnessEnv("command")
     with pytest.raises(ConfigError, match="render_mode"):
         line_env(render_mode="human")
     with pytest.raises(ConfigError, match="reward_fn"):

@@ -43,6 +43,11 @@ from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 
 __all__ = ["PRESETS", "PROTOCOL_VERSION", "ACPHarness"]
 
+_NO_COMMAND = (
+    "ACPHarness needs the agent's argv: ACPHarness(command=[...]), "
+    "HarnessEnv('acp', command=[...]), or a preset such as 'opencode'."
+)
+
 #: The ACP protocol version this client speaks.
 PROTOCOL_VERSION = 1
 #: JSON-RPC "method not found": our answer to capabilities we did not advertise.
@@ -99,15 +104,18 @@ class ACPHarness(Harness):
 
     # ----------------------------------------------------------------- launch
 
+    def check_config(self, config: HarnessConfig) -> None:
+        """A generic ACP agent needs its argv (presets know theirs)."""
+        generic = type(self).agent_command is ACPHarness.agent_command
+        if generic and not (self.command or config.command):
+            raise ConfigError(_NO_COMMAND)
+
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
         """Reset per-episode state and return the agent's command and environment."""
         self._reset_state(ctx)
         command = (*(self.agent_command(ctx) or config.command), *self.extra_args)
         if not command:
-            raise ConfigError(
-                "ACPHarness needs the agent's argv: ACPHarness(command=[...]), "
-                "HarnessEnv('acp', command=[...]), or a preset such as 'opencode'."
-            )
+            raise ConfigError(_NO_COMMAND)
         env = {**private_home_env(ctx.home), **self.agent_env(ctx), **self.env, **config.env}
         return config.replace(command=list(command), env=env)
 

@@ -110,6 +110,14 @@ class Harness(ABC):
         """The config this harness runs with before the user's overrides."""
         return HarnessConfig()
 
+    def check_config(self, config: HarnessConfig) -> None:
+        """Raise ``ConfigError`` if ``config`` cannot work for this harness (at construction).
+
+        Args:
+            config: The merged config (defaults, then the user's overrides).
+        """
+        return  # most harnesses accept any config
+
     @abstractmethod
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
         """Prepare an episode: write config files, reset state, return what to spawn.

@@ -51,11 +51,14 @@ class CommandHarness(Harness):
         self._plain_text = False
         self._texts: list[str] = []
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+    def check_config(self, config: HarnessConfig) -> None:
         if not config.command:
             raise ConfigError(
                 f"The {self.name!r} harness needs a command: pass command=['prog', 'arg', ...]."
             )
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+        self.check_config(config)
         self._plain_text = config.allow_plain_text
         self._texts = []
         env = {**config.env, MCP_URL_VAR: ctx.bridge_url, MCP_TOKEN_VAR: ctx.bridge_token}
