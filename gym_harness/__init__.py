@@ -38,6 +38,7 @@ from gym_harness.errors import (
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
+from gym_harness.outcome import Outcome
 from gym_harness.process import HarnessProcess, ProcessUsage
 from gym_harness.registration import register_envs
 from gym_harness.spaces import UnicodeText
@@ -69,6 +70,7 @@ __all__ = [
     "MCPBridge",
     "ModelExchange",
     "ModelProxy",
+    "Outcome",
     "ProcessUsage",
     "ProtocolError",
     "ProxyState",

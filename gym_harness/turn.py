@@ -17,16 +17,15 @@ from gym_harness.config import HarnessConfig
 from gym_harness.errors import HarnessCrashed
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import Feed, Harness
+from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge
     from gym_harness.capture import ModelProxy
     from gym_harness.process import HarnessProcess
 
-__all__ = ["TRUNCATING_ERRORS", "TurnRunner", "end_flags"]
+__all__ = ["TurnRunner", "end_flags"]
 
-#: Outcomes that truncate an episode (a deadline); every other error terminates it.
-TRUNCATING_ERRORS = frozenset({"turn_timeout", "idle_timeout", "episode_timeout"})
 #: How long an interrupted turn may take to wind down before the tree is stopped.
 INTERRUPT_GRACE_S = 1.0
 #: How long to wait for an exit code once the harness closed its output.
@@ -35,9 +34,10 @@ EXIT_WAIT_S = 1.0
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
     """Return ``(terminated, truncated)`` for a turn's result (the outcome table)."""
-    if result.error_type in TRUNCATING_ERRORS:
+    outcome = Outcome(result.error_type)
+    if outcome.truncates:
         return False, True
-    if result.error_type:
+    if outcome.terminates:
         return True, False
     return result.done, False
 
