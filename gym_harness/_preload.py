@@ -74,12 +74,10 @@ def _name_sources(source: str) -> dict[str, tuple[str, str]]:
     return sources
 
 
-def _resolver(
-    module: types.ModuleType, spec: Any, sources: dict[str, tuple[str, str]]
-) -> Any:
+def _resolver(module: types.ModuleType, spec: Any, sources: dict[str, tuple[str, str]]) -> Any:
     loaded_whole: list[bool] = []
 
-    def __getattr__(name: str) -> Any:  # noqa: N807  (a module's __getattr__)
+    def __getattr__(name: str) -> Any:
         if name in sources:
             where, attr = sources[name]
             if where == "mcp":  # ``from . import types``: a submodule
@@ -116,10 +114,9 @@ def preload_server_stack() -> None:
             return
         _PRELOADED = True
     install_lazy_mcp()
+    import gym_harness.process  # noqa: F401  (the worker's harness side)
     from gym_harness.bridge import MCPBridge
     from gym_harness.errors import BridgeError
-
-    import gym_harness.process  # noqa: F401  (the worker's harness side)
 
     def echo(text: str) -> str:
         """Return the text."""
