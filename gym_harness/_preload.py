@@ -133,7 +133,7 @@ def preload_server_stack() -> None:
 def _one_http_call(url: str, token: str) -> None:
     """initialize, initialized, tools/call ``echo`` over streamable HTTP (bounded)."""
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=_CALL_TIMEOUT_S)
+    conn = http.client.HTTPConnection(parts.netloc, timeout=_CALL_TIMEOUT_S)
     headers = {
         "Authorization": f"Bearer {token}",
         "Accept": "application/json, text/event-stream",
