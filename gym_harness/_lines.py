@@ -44,7 +44,8 @@ class LineSplitter:
             and b"\r" not in data
         ):
             # The usual chunk (a harness flushes whole lines): one split, no line to cut.
-            return [(raw.decode("utf-8", "replace"), len(raw) + 1) for raw in data.split(b"\n")[:-1]]
+            raws = data.split(b"\n")[:-1]
+            return [(raw.decode("utf-8", "replace"), len(raw) + 1) for raw in raws]
         lines: list[tuple[str, int]] = []
         if self._head is not None:
             newline = data.find(b"\n")
