@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -206,6 +207,7 @@ class OpenEnv:
     def close(self) -> None:
         self.env.close()
         self.runner.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _timed_turns(side: Any, count: int) -> dict[str, list[float]]:
