@@ -118,7 +118,7 @@ def preload_server_stack() -> None:
     from gym_harness.bridge import MCPBridge
     from gym_harness.errors import BridgeError
 
-    def echo(text: str) -> str:
+    async def echo(text: str) -> str:  # async: no worker thread is left behind to fork
         """Return the text."""
         return text
 

@@ -18,7 +18,7 @@ REFERENCE = ROOT / "gym_harness" / "agents" / "reference.py"
 # already, and a forked worker inherits whatever its parent has.
 SCRIPT = textwrap.dedent(
     """
-    import gc, json, sys
+    import gc, json, sys, threading
     import gym_harness
 
     def worker_state() -> str:
@@ -35,13 +35,15 @@ SCRIPT = textwrap.dedent(
             2, command=[sys.executable, sys.argv[1]], tools=[worker_state]
         )
         try:
+            threads = [t.name for t in threading.enumerate()]  # right after the fork
             parent = sorted(m for m in sys.modules if m.startswith("mcp.client"))
             stack = "fastmcp.server.server" in sys.modules and "uvicorn" in sys.modules
             envs.reset(seed=0)
             obs, _, terminated, truncated, info = envs.step(["/call worker_state {}"] * 2)
             assert not terminated.any() and not truncated.any(), info
             replies = [o.removeprefix("worker_state -> ") for o in obs]
-            print(json.dumps({"parent_client": parent, "stack": stack, "workers": replies}))
+            print(json.dumps({"parent_client": parent, "stack": stack, "workers": replies,
+                              "threads": threads}))
         finally:
             envs.close()
 
@@ -67,6 +69,7 @@ def test_forked_workers_inherit_the_server_stack_without_the_mcp_client(tmp_path
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["stack"], "the parent did not import the server stack before forking"
     assert result["parent_client"] == []
+    assert result["threads"] == ["MainThread"]  # the preload left no thread to fork beside
     for reply in result["workers"]:
         state = json.loads(reply)
         assert state["client"] == [], state
