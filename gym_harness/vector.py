@@ -23,6 +23,8 @@ from gymnasium.vector import AsyncVectorEnv
 
 __all__ = ["make_vector_env"]
 
+_FORKSERVER_PRELOAD = "gym_harness._forkserver_preload"
+
 
 def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
     from gym_harness.env import HarnessEnv
@@ -63,10 +65,15 @@ def _preload_for(context: str | None) -> None:
     """Import the server stack where the workers will inherit it (see the module doc)."""
     method = context or multiprocessing.get_start_method()
     if method == "forkserver":
-        # Read when the forkserver starts; a forkserver already running keeps its own.
-        multiprocessing.get_context("forkserver").set_forkserver_preload(
-            ["gym_harness._forkserver_preload"]
-        )
+        from multiprocessing import forkserver
+
+        # Added to the modules already asked for (``["__main__"]`` by default). Read when
+        # the forkserver starts: one already running keeps what it has.
+        server = getattr(forkserver, "_forkserver", None)
+        modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        if _FORKSERVER_PRELOAD not in modules:
+            modules.append(_FORKSERVER_PRELOAD)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
     elif method == "fork":
         from gym_harness._preload import preload_server_stack
         from gym_harness.errors import HarnessError

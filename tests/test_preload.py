@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
 
     def main() -> None:
         envs = gym_harness.make_vector_env(
-            2, command=[sys.executable, sys.argv[1]], tools=[worker_state]
+            2, command=[sys.executable, sys.argv[1]], tools=[worker_state], context=sys.argv[2]
         )
         try:
             threads = [t.name for t in threading.enumerate()]  # right after the fork
@@ -54,11 +54,14 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.timeout(180)
-def test_forked_workers_inherit_the_server_stack_without_the_mcp_client(tmp_path: Path) -> None:
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_forked_workers_inherit_the_server_stack_without_the_mcp_client(
+    tmp_path: Path, context: str
+) -> None:
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT, encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, str(script), str(REFERENCE)],
+        [sys.executable, str(script), str(REFERENCE), context],
         capture_output=True,
         text=True,
         timeout=150,
@@ -67,7 +70,8 @@ def test_forked_workers_inherit_the_server_stack_without_the_mcp_client(tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["stack"], "the parent did not import the server stack before forking"
+    # fork: the parent imports the stack; forkserver: the forkserver does, not the parent.
+    assert result["stack"] is (context == "fork")
     assert result["parent_client"] == []
     assert result["threads"] == ["MainThread"]  # the preload left no thread to fork beside
     for reply in result["workers"]:
