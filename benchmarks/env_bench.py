@@ -8,9 +8,11 @@ turn_complete). Baselines, measured in the same run and interleaved with ours:
   until ``turn_complete`` (goal: ``env.step`` under 1.5x);
 * reset: a bare spawn-to-ready of the same script: ``Popen`` and read until the
   ready line (goal: ``env.reset`` under 1.3x). The bridge stays up across episodes,
-  so the first reset (bridge start, fastmcp import) is reported apart.
+  so the first reset (bridge start, fastmcp import) is reported apart;
+* close: ``env.close()`` after a reset and one step (harness, keeper and bridge
+  stopped), against an absolute goal of 20 ms (no baseline).
 
-    python benchmarks/env_bench.py [--steps 2000] [--resets 30] [--json] [--profile]
+    python benchmarks/env_bench.py [--steps 2000] [--resets 30] [--closes 15] [--json] [--profile]
 
 ``--profile`` runs cProfile over steps and resets and prints where the caller's
 thread spends its time.
@@ -33,7 +35,7 @@ from _common import Row, format_table, interleaved, line_agent, median, ratio_ro
 from gym_harness import HarnessEnv
 
 MESSAGE = '{"type": "message", "content": "ping"}\n'
-STEP_GOAL, RESET_GOAL = 1.5, 1.3
+STEP_GOAL, RESET_GOAL, CLOSE_GOAL_MS = 1.5, 1.3, 20.0
 
 
 class BarePipe:
@@ -111,6 +113,23 @@ def measure(steps: int, resets: int) -> tuple[list[Row], dict[str, float]]:
         env.close()
     firsts = {"first_reset_s": first_reset, "second_reset_s": second_reset}
     return [step_row, reset_row], firsts
+
+
+def measure_close(closes: int) -> Row:
+    """Median ``env.close()`` of fresh envs, each after a reset and one step."""
+    times = []
+    for _ in range(closes):
+        env = make_env()
+        try:
+            env.reset()
+            env.step("ping")
+        finally:
+            times.append(timed(env.close))
+    ms = median(times) * 1e3
+    return Row(
+        "env.close() (after reset + step)", ms, 0.0, "ms", "", f"<= {CLOSE_GOAL_MS:g} ms",
+        met=ms <= CLOSE_GOAL_MS, note=f"n={closes}; max {max(times) * 1e3:.0f} ms",
+    )  # fmt: skip
 
 
 def _step(env: HarnessEnv) -> Callable[[], None]:
@@ -235,10 +254,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="timed steps per path")
     parser.add_argument("--resets", type=int, default=30, help="timed resets per path")
+    parser.add_argument("--closes", type=int, default=15, help="timed closes (0: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--profile", action="store_true", help="also cProfile steps and resets")
     args = parser.parse_args()
     rows, firsts = measure(args.steps, args.resets)
+    if args.closes:
+        rows.append(measure_close(args.closes))
     if args.json:
         print(json.dumps({"rows": [r.to_dict() for r in rows], **firsts}))
         return

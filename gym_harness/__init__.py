@@ -12,15 +12,10 @@ Example:
 
 from __future__ import annotations
 
-from gym_harness.bridge import MCPBridge, ToolCallResult
-from gym_harness.capture import (
-    ModelExchange,
-    ModelProxy,
-    ProxyState,
-    SSEEvent,
-    TokenLogprob,
-    ToolCallRecord,
-)
+import importlib
+import typing
+
+from gym_harness.capture_records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
 from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.env import HarnessEnv
@@ -47,7 +42,34 @@ from gym_harness.tools import RESERVED_TOOL_NAMES, ToolSpec, resolve_tool_confli
 from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
 from gym_harness.vector import make_vector_env
 
+if typing.TYPE_CHECKING:
+    from gym_harness.bridge import MCPBridge, ToolCallResult
+    from gym_harness.capture import ModelProxy, ProxyState
+
 __version__ = "0.1.0"
+
+# The bridge and the model proxy import asyncio, and with it ssl and concurrent.futures:
+# a sixth of this package's import time. Their names load on first use (PEP 562).
+_LAZY = {
+    "MCPBridge": "gym_harness.bridge",
+    "ModelProxy": "gym_harness.capture",
+    "ProxyState": "gym_harness.capture",
+    "ToolCallResult": "gym_harness.bridge",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gym_harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BridgeError",

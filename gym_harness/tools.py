@@ -24,7 +24,6 @@ module is cheap.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -217,6 +216,8 @@ def run_sync(coro_factory: Callable[[], Coroutine[Any, Any, _T]], timeout_s: flo
         BridgeError: The coroutine did not finish within ``timeout_s``.
         Exception: Whatever the coroutine raised.
     """
+    import asyncio  # here, not at the top: ``import gym_harness`` stays without asyncio
+
     outcome: dict[str, Any] = {}
 
     def work() -> None:

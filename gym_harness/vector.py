@@ -3,17 +3,27 @@
 ``gymnasium.make_vec(id, num_envs=N)`` uses this as the registered
 ``vector_entry_point``: one worker process per env, ``shared_memory=False``
 (gymnasium's shared-memory buffers cannot carry unbounded text observations).
+
+The bridge's server stack (fastmcp, mcp, uvicorn, starlette) is imported once
+before the workers start, not in each: in the parent when workers fork (the
+Linux default), in the forkserver when that is the start method. Forked workers
+share those pages copy-on-write. Spawned workers (``context="spawn"``) import it
+themselves, each on its first reset.
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import warnings
 from typing import Any
 
 import gymnasium
 from gymnasium.vector import AsyncVectorEnv
 
 __all__ = ["make_vector_env"]
+
+_FORKSERVER_PRELOAD = "gym_harness._forkserver_preload"
 
 
 def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
@@ -46,5 +56,34 @@ def make_vector_env(
     Example:
         >>> envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=4)  # doctest: +SKIP
     """
+    _preload_for(context)
     make = functools.partial(_make_one, env_kwargs, max_episode_steps)
     return AsyncVectorEnv([make] * num_envs, shared_memory=False, context=context)
+
+
+def _preload_for(context: str | None) -> None:
+    """Import the server stack where the workers will inherit it (see the module doc)."""
+    method = context or multiprocessing.get_start_method()
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        # Added to the modules already asked for (``["__main__"]`` by default). Read when
+        # the forkserver starts: one already running keeps what it has.
+        server = getattr(forkserver, "_forkserver", None)
+        modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        if _FORKSERVER_PRELOAD not in modules:
+            modules.append(_FORKSERVER_PRELOAD)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+    elif method == "fork":
+        from gym_harness._preload import preload_server_stack
+        from gym_harness.errors import HarnessError
+
+        try:
+            preload_server_stack()
+        except (HarnessError, ImportError) as exc:
+            warnings.warn(
+                f"could not preload the MCP server stack ({exc}); each vector worker will "
+                "import it on its first reset, which is slower and uses more memory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
