@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 from gym_harness._loopback import LoopbackServer, RotatingToken
+from gym_harness._redact import Redactor
 from gym_harness.capture_records import (
     ModelExchange,
     SSEEvent,
@@ -61,6 +62,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 3.0
+#: Default cap on each recorded body (the harness still gets the whole answer).
+DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
+#: Default limit on a request body; larger ones get 413 before they are read.
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _UVICORN_OPTIONS = {
     "interface": "asgi3",
     "proxy_headers": False,
@@ -123,6 +128,13 @@ class ModelProxy(RotatingToken):
         timeout_s: Longest silence from the upstream (before the answer starts or between
             two chunks) before the exchange is given up as ``"stalled"``.
         connect_timeout_s: Longest wait to connect to the upstream.
+        max_record_bytes: Each recorded body (request, answer) is kept up to this many
+            bytes and the record marked ``truncated``; the harness still gets it whole.
+        max_request_bytes: A larger request body is refused (413, recorded as
+            ``"too_large"``) before it is read, or as soon as its stream passes the limit.
+
+    The real key and the proxy token are replaced by ``[redacted]`` in every answer
+    relayed to the harness (headers and body) and in every record.
 
     Example:
         >>> with ModelProxy("http://127.0.0.1:8000", api_key=key) as proxy:  # doctest: +SKIP
@@ -139,11 +151,21 @@ class ModelProxy(RotatingToken):
         request_logprobs: bool = False,
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise CaptureError(f"upstream must be an http(s) URL, got {upstream!r}")
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise CaptureError("timeout_s and connect_timeout_s must be positive")
+        for name, value in (
+            ("max_record_bytes", max_record_bytes),
+            ("max_request_bytes", max_request_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CaptureError(f"{name} must be a positive int, got {value!r}")
+        self.max_record_bytes = max_record_bytes
+        self.max_request_bytes = max_request_bytes
         self.upstream = upstream.rstrip("/")
         self.request_logprobs = request_logprobs
         self.timeout_s = timeout_s
@@ -280,22 +302,20 @@ class ModelProxy(RotatingToken):
             return
         started_at, t0 = time.time(), time.perf_counter()
         self.last_activity = time.monotonic()
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        redact = Redactor((self._api_key, self._token))  # the token this request is judged by
         outgoing, query, ok = self._credentials(headers, query, method, path)
-        call = _Call(method, path, bytes(body), False, send, started_at, t0)
-        if not ok:
+        call = _Call(method, path, b"", False, send, started_at, t0, redact)
+        if not ok:  # refused before its body is read
             self._record(call, 401, "unauthorized", "", None)
             await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
             return
-        call.content, call.added = self._maybe_add_logprobs(path, call.content)
+        body = await self._read_body(call, headers, receive)
+        if body is None:
+            return
+        call.content, call.added = self._maybe_add_logprobs(path, body)
         # raw_path: the path as the harness wrote it (scope["path"] is percent-decoded).
         raw_path = scope.get("raw_path") or path.encode()
         target = raw_path.decode("latin-1") + (f"?{query}" if query else "")
@@ -309,6 +329,36 @@ class ModelProxy(RotatingToken):
             call.disconnect.cancel()
             self._inflight.discard(task)
             self._cut.pop(task, None)
+
+    async def _read_body(
+        self, call: _Call, headers: list[tuple[str, str]], receive: Any
+    ) -> bytes | None:
+        """The request body, read up to ``max_request_bytes``; None once answered (413...)."""
+        limit = self.max_request_bytes
+        declared = next((v for k, v in headers if k == "content-length"), "")
+        if declared.isdigit() and int(declared) > limit:  # refused before a byte is read
+            await self._too_large(call, int(declared), b"", f"{declared} bytes")
+            return None
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":  # never forward half a request
+                self._record(call, 499, "client_closed", "the harness hung up mid-request", None)
+                return None
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await self._too_large(call, len(body), bytes(body), f"over {limit} bytes")
+                return None
+            if not message.get("more_body"):
+                return bytes(body)
+
+    async def _too_large(self, call: _Call, size: int, head: bytes, what: str) -> None:
+        call.content = head
+        why = f"request body of {what} is over the proxy's limit of {self.max_request_bytes}"
+        why += " bytes (ModelProxy max_request_bytes)"
+        self._record(call, 413, "too_large", why, None, request_bytes=size)
+        # Connection: close, so the rest of the body is never read.
+        await _send_json(call.send, 413, _error(why), close=True)
 
     async def _forward(self, call: _Call, target: str, headers: list[tuple[str, str]]) -> None:
         # Imported by the proxy thread, not by ``import gym_harness`` (h11 takes ~20 ms).
@@ -343,25 +393,40 @@ class ModelProxy(RotatingToken):
     async def _relay(self, call: _Call, response: UpstreamResponse) -> None:
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
-        out_headers = [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
+        redact = call.redact
+        out_headers = [(k, redact.scrub(v)) for k, v in response.headers if k not in _SKIP_RESPONSE]
         send, disconnect = call.send, call.disconnect
         await send(
             {"type": "http.response.start", "status": response.status, "headers": out_headers}
         )
         chunks: list[bytes] = []
+        kept, cap, size = 0, self.max_record_bytes, 0
         ttfb: float | None = None
         outcome, why = ("refused" if response.status >= 400 else "ok"), ""
         try:
-            # Each piece is every body byte one socket read brought, sent on at once.
-            while (chunk := await response.read_some()) is not None:
+            # Each piece is every body byte one socket read brought, sent on at once
+            # (bar the start of a secret at its very end, held for the next read).
+            while (raw := await response.read_some()) is not None:
                 self.last_activity = time.monotonic()
                 if ttfb is None:
                     ttfb = time.perf_counter() - call.t0
+                chunk = redact.feed(raw) if redact else raw
+                if not chunk:
+                    continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunks.append(chunk)
+                size += len(chunk)
+                if kept < cap:  # the record keeps the first cap bytes; the harness gets all
+                    chunks.append(chunk if kept + len(chunk) <= cap else chunk[: cap - kept])
+                    kept += len(chunks[-1])
                 if disconnect is not None and disconnect.done():
                     outcome, why = "client_closed", "the harness hung up mid-answer"
                     break
+            else:
+                if tail := redact.flush():
+                    await send({"type": "http.response.body", "body": tail, "more_body": True})
+                    size += len(tail)
+                    if kept < cap:
+                        chunks.append(tail[: cap - kept])
         except UpstreamTimeout as exc:
             outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc}"
         except UpstreamDropped as exc:
@@ -375,7 +440,7 @@ class ModelProxy(RotatingToken):
         finally:
             await response.aclose()
             answer = (response.header(b"content-type"), b"".join(chunks))
-            self._record(call, response.status, outcome, why, answer, ttfb)
+            self._record(call, response.status, outcome, why, answer, ttfb, answer_bytes=size)
         if outcome in ("stalled", "dropped"):
             raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -415,7 +480,7 @@ class ModelProxy(RotatingToken):
             return content, False
         try:
             body = json.loads(content)
-        except ValueError:
+        except (ValueError, RecursionError):  # a request nested too deep goes up as it came
             return content, False
         if not isinstance(body, dict) or body.get("logprobs") is True:
             return content, False
@@ -430,23 +495,34 @@ class ModelProxy(RotatingToken):
         error: str,
         answer: tuple[str, bytes] | None,
         ttfb: float | None = None,
+        *,
+        request_bytes: int | None = None,
+        answer_bytes: int | None = None,
     ) -> None:
         total = time.perf_counter() - call.t0
-        # Only the raw facts here: parsing waits for records()/drain() in the caller's
-        # thread, so it costs the harness's call nothing.
-        raw = {
+        # Only the raw facts here (capped and redacted): parsing waits for records()/drain()
+        # in the caller's thread, so it costs the harness's call nothing.
+        cap, content = self.max_record_bytes, call.content
+        request = call.redact.scrub(content[:cap] if len(content) > cap else content)
+        answer_size = 0 if answer is None else len(answer[1])
+        raw: dict[str, Any] = {
             "method": call.method,
             "path": call.path,
-            "request": call.content,
+            "request": request,
             "logprobs_added": call.added,
             "status": status,
             "outcome": outcome,
-            "error": error,
+            "error": call.redact.scrub(error.encode()).decode() if error else "",
             "answer": answer,
             "started_at": call.started_at,
             "ttfb_s": ttfb,
             "total_s": total,
+            "request_bytes": len(content) if request_bytes is None else request_bytes,
+            "answer_bytes": answer_size if answer_bytes is None else answer_bytes,
         }
+        raw["truncated"] = (
+            raw["request_bytes"] > min(len(content), cap) or raw["answer_bytes"] > answer_size
+        )
         with self._lock:
             self._seq += 1
             self._pending.append({**raw, "seq": self._seq})
@@ -488,6 +564,7 @@ class _Call:
     send: Any  # the ASGI send of the harness's connection
     started_at: float  # wall clock when the whole request had arrived
     t0: float  # perf_counter at the same moment
+    redact: Redactor  # the real key and the proxy token this call was let in with
     disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
 
 
@@ -497,8 +574,10 @@ def _error(message: str) -> dict[str, Any]:
     }
 
 
-async def _send_json(send: Any, status: int, payload: dict[str, Any]) -> None:
+async def _send_json(send: Any, status: int, payload: dict[str, Any], close: bool = False) -> None:
     data = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
