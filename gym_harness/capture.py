@@ -356,7 +356,7 @@ class ModelProxy(RotatingToken):
         call.content = head
         why = f"request body of {what} is over the proxy's limit of {self.max_request_bytes}"
         why += " bytes (ModelProxy max_request_bytes)"
-        self._record(call, 413, "too_large", why, None, request_bytes=size)
+        self._record(call, 413, "too_large", why, None, request_bytes=size, cut=True)
         # Connection: close, so the rest of the body is never read.
         await _send_json(call.send, 413, _error(why), close=True)
 
@@ -498,6 +498,7 @@ class ModelProxy(RotatingToken):
         *,
         request_bytes: int | None = None,
         answer_bytes: int | None = None,
+        cut: bool = False,
     ) -> None:
         total = time.perf_counter() - call.t0
         # Only the raw facts here (capped and redacted): parsing waits for records()/drain()
@@ -521,7 +522,9 @@ class ModelProxy(RotatingToken):
             "answer_bytes": answer_size if answer_bytes is None else answer_bytes,
         }
         raw["truncated"] = (
-            raw["request_bytes"] > min(len(content), cap) or raw["answer_bytes"] > answer_size
+            cut
+            or raw["request_bytes"] > min(len(content), cap)
+            or raw["answer_bytes"] > answer_size
         )
         with self._lock:
             self._seq += 1

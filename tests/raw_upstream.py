@@ -29,6 +29,7 @@ class RawUpstream:
         self.port = self._sock.getsockname()[1]
         self.answers: list[Answer] = []
         self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
         self.connections = 0
         self._conns: list[socket.socket] = []
         self._threads = [threading.Thread(target=self._accept, daemon=True)]
@@ -61,6 +62,7 @@ class RawUpstream:
                 size = int(length.group(1)) if length else 0
                 while len(buf) < size:
                     buf += conn.recv(65536)
+                self.bodies.append(buf[:size])
                 buf = buf[size:]
                 self.heads.append(head)
                 answer = self.answers.pop(0)
