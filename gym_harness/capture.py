@@ -181,6 +181,7 @@ class ModelProxy(RotatingToken):
         self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._redactor = (self._token, Redactor((api_key, self._token)))  # proxy thread
         self._cut: dict[asyncio.Task[Any], str] = {}
         #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
         #: sign of life for the env's idle (stall) detection.
@@ -305,8 +306,12 @@ class ModelProxy(RotatingToken):
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-        redact = Redactor((self._api_key, self._token))  # the token this request is judged by
-        outgoing, query, ok = self._credentials(headers, query, method, path)
+        token, redact = self._redactor  # for the token this request is judged by
+        if token != self._token:  # rotated since: made once per episode, not per call
+            token = self._token
+            redact = Redactor((self._api_key, token))
+            self._redactor = token, redact
+        outgoing, query, ok = self._credentials(token, headers, query, method, path)
         call = _Call(method, path, b"", False, send, started_at, t0, redact)
         if not ok:  # refused before its body is read
             self._record(call, 401, "unauthorized", "", None)
@@ -394,13 +399,15 @@ class ModelProxy(RotatingToken):
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
         redact = call.redact
-        out_headers = [(k, redact.scrub(v)) for k, v in response.headers if k not in _SKIP_RESPONSE]
+        out_headers = redact.scrub_headers(
+            [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
+        )
         send, disconnect = call.send, call.disconnect
         await send(
             {"type": "http.response.start", "status": response.status, "headers": out_headers}
         )
         chunks: list[bytes] = []
-        kept, cap, size = 0, self.max_record_bytes, 0
+        kept, cap, size, held = 0, self.max_record_bytes, 0, b""
         ttfb: float | None = None
         outcome, why = ("refused" if response.status >= 400 else "ok"), ""
         try:
@@ -410,7 +417,7 @@ class ModelProxy(RotatingToken):
                 self.last_activity = time.monotonic()
                 if ttfb is None:
                     ttfb = time.perf_counter() - call.t0
-                chunk = redact.feed(raw) if redact else raw
+                chunk, held = redact.split(held + raw if held else raw)
                 if not chunk:
                     continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -422,11 +429,11 @@ class ModelProxy(RotatingToken):
                     outcome, why = "client_closed", "the harness hung up mid-answer"
                     break
             else:
-                if tail := redact.flush():
-                    await send({"type": "http.response.body", "body": tail, "more_body": True})
-                    size += len(tail)
+                if held:  # the stream ended: it was no secret after all
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                    size += len(held)
                     if kept < cap:
-                        chunks.append(tail[: cap - kept])
+                        chunks.append(held[: cap - kept])
         except UpstreamTimeout as exc:
             outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc}"
         except UpstreamDropped as exc:
@@ -448,10 +455,10 @@ class ModelProxy(RotatingToken):
     # -- helpers ----------------------------------------------------------------------------
 
     def _credentials(
-        self, headers: list[tuple[str, str]], query: str, method: str, path: str
+        self, token: str, headers: list[tuple[str, str]], query: str, method: str, path: str
     ) -> tuple[list[tuple[str, str]], str, bool]:
         """Check the proxy token and put the real key where the harness put the token."""
-        token, key = self._token, self._api_key
+        key = self._api_key
         presented: str | None = None
         out = [(k, v) for k, v in headers if k not in _SKIP_REQUEST]
         out.append(("accept-encoding", "identity"))  # keep the recorded bytes readable

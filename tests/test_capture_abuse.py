@@ -273,20 +273,24 @@ def test_redaction_survives_any_split(words: list[bytes], cuts: list[int]) -> No
     token = b"tok_0123456789abcdef"
     wire = b"".join(words) + token + b"".join(reversed(words))
     redactor = Redactor([REAL_KEY, token.decode(), "short"])
-    out, start = [], 0
+    out, held, start = [], b"", 0
     for end in [*sorted(c for c in set(cuts) if c < len(wire)), len(wire)]:
-        out.append(redactor.feed(wire[start:end]))
+        safe, held = redactor.split(held + wire[start:end])
+        out.append(safe)
         start = end
-    out.append(redactor.flush())
-    joined = b"".join(out)
+    joined = b"".join([*out, held])
     assert joined == wire.replace(REAL_KEY.encode(), MASK).replace(token, MASK)
     assert REAL_KEY.encode() not in joined and token not in joined
 
 
 def test_an_sse_stream_is_never_held_back() -> None:
     redactor = Redactor([REAL_KEY])
-    assert redactor.feed(HI) == HI and redactor.feed(b"data: sk-re") == b"data: "
-    assert redactor.feed(b"x\n\n") == b"sk-rex\n\n" and redactor.flush() == b""
+    assert redactor.split(HI) == (HI, b"")
+    assert redactor.split(b"data: sk-re") == (b"data: ", b"sk-re")
+    assert redactor.split(b"sk-re" + b"x\n\n") == (b"sk-rex\n\n", b"")
+    headers = [(b"a", b"1"), (b"b", b"Bearer " + REAL_KEY.encode())]
+    assert redactor.scrub_headers(headers)[1] == (b"b", b"Bearer " + MASK)
+    assert redactor.scrub_headers(headers[:1]) == [(b"a", b"1")]
 
 
 @pytest.mark.timeout(60)
