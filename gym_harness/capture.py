@@ -21,18 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import hmac
-import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode
 
 from gym_harness._loopback import LoopbackServer, RotatingToken
-from gym_harness._redact import Redactor
+from gym_harness._proxy_http import add_logprobs, error_payload, read_body, send_json
+from gym_harness._secrets import Redactor, carries, swap_credentials
 from gym_harness.capture_records import (
     ModelExchange,
     SSEEvent,
@@ -72,24 +70,6 @@ _UVICORN_OPTIONS = {
     "lifespan": "off",
     "timeout_graceful_shutdown": 1,
 }
-_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
-# Hop-by-hop or rewritten by us; never copied between the two connections.
-_SKIP_REQUEST = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",
-        "authorization",
-        *_KEY_HEADERS,
-    }
-)
 # content-length too: the answer goes out chunked, so its end reaches the harness only after
 # the exchange is recorded (a harness that has its answer finds it in records()).
 _SKIP_RESPONSE = frozenset(
@@ -181,7 +161,10 @@ class ModelProxy(RotatingToken):
         self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._redactor = (self._token, Redactor((api_key, self._token)))  # proxy thread
+        # Proxy thread: the redactors of the current token (see _redactors), and the last
+        # token a harness sent upstream itself (an upstream can echo only what it got).
+        self._redaction: tuple[str, Redactor, Redactor] | None = None
+        self._token_upstream = ""
         self._cut: dict[asyncio.Task[Any], str] = {}
         #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
         #: sign of life for the env's idle (stall) detection.
@@ -306,21 +289,30 @@ class ModelProxy(RotatingToken):
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-        token, redact = self._redactor  # for the token this request is judged by
-        if token != self._token:  # rotated since: made once per episode, not per call
-            token = self._token
-            redact = Redactor((self._api_key, token))
-            self._redactor = token, redact
-        outgoing, query, ok = self._credentials(token, headers, query, method, path)
-        call = _Call(method, path, b"", False, send, started_at, t0, redact)
+        token, redact, relay = self._redactors()
+        outgoing, query, ok = swap_credentials(token, self._api_key, headers, query, method, path)
+        call = _Call(method, path, b"", False, send, started_at, t0, redact, relay)
         if not ok:  # refused before its body is read
             self._record(call, 401, "unauthorized", "", None)
-            await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
+            await send_json(send, 401, error_payload("missing or wrong gym_harness proxy token"))
             return
-        body = await self._read_body(call, headers, receive)
-        if body is None:
+        call.content, size, problem = await read_body(receive, headers, self.max_request_bytes)
+        if problem == "client_closed":
+            self._record(call, 499, problem, "the harness hung up mid-request", None, cut=True)
             return
-        call.content, call.added = self._maybe_add_logprobs(path, body)
+        if problem:
+            why = f"request body of {size} bytes or more is over the proxy's limit of "
+            why += f"{self.max_request_bytes} bytes (ModelProxy max_request_bytes)"
+            self._record(call, 413, problem, why, None, request_bytes=size, cut=True)
+            # Connection: close, so the rest of the body is never read.
+            await send_json(send, 413, error_payload(why), close=True)
+            return
+        if self.request_logprobs and path.endswith("/chat/completions"):
+            call.content, call.added = add_logprobs(call.content)
+        if self._token_upstream != token and carries(token, call.content, outgoing, query):
+            self._token_upstream = token  # from now on the upstream may echo it
+        if self._token_upstream == token:
+            call.relay = redact
         # raw_path: the path as the harness wrote it (scope["path"] is percent-decoded).
         raw_path = scope.get("raw_path") or path.encode()
         target = raw_path.decode("latin-1") + (f"?{query}" if query else "")
@@ -334,36 +326,6 @@ class ModelProxy(RotatingToken):
             call.disconnect.cancel()
             self._inflight.discard(task)
             self._cut.pop(task, None)
-
-    async def _read_body(
-        self, call: _Call, headers: list[tuple[str, str]], receive: Any
-    ) -> bytes | None:
-        """The request body, read up to ``max_request_bytes``; None once answered (413...)."""
-        limit = self.max_request_bytes
-        declared = next((v for k, v in headers if k == "content-length"), "")
-        if declared.isdigit() and int(declared) > limit:  # refused before a byte is read
-            await self._too_large(call, int(declared), b"", f"{declared} bytes")
-            return None
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":  # never forward half a request
-                self._record(call, 499, "client_closed", "the harness hung up mid-request", None)
-                return None
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await self._too_large(call, len(body), bytes(body), f"over {limit} bytes")
-                return None
-            if not message.get("more_body"):
-                return bytes(body)
-
-    async def _too_large(self, call: _Call, size: int, head: bytes, what: str) -> None:
-        call.content = head
-        why = f"request body of {what} is over the proxy's limit of {self.max_request_bytes}"
-        why += " bytes (ModelProxy max_request_bytes)"
-        self._record(call, 413, "too_large", why, None, request_bytes=size, cut=True)
-        # Connection: close, so the rest of the body is never read.
-        await _send_json(call.send, 413, _error(why), close=True)
 
     async def _forward(self, call: _Call, target: str, headers: list[tuple[str, str]]) -> None:
         # Imported by the proxy thread, not by ``import gym_harness`` (h11 takes ~20 ms).
@@ -387,18 +349,18 @@ class ModelProxy(RotatingToken):
             self._record(call, status, outcome, why, None)
             if cut is None:
                 raise
-            await _send_json(call.send, status, _error(why))
+            await send_json(call.send, status, error_payload(why))
             return
         else:
             await self._relay(call, response)
             return
         self._record(call, status, outcome, why, None)
-        await _send_json(call.send, status, _error(why))
+        await send_json(call.send, status, error_payload(why))
 
     async def _relay(self, call: _Call, response: UpstreamResponse) -> None:
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
-        redact = call.redact
+        redact = call.relay
         out_headers = redact.scrub_headers(
             [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
         )
@@ -454,45 +416,21 @@ class ModelProxy(RotatingToken):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _credentials(
-        self, token: str, headers: list[tuple[str, str]], query: str, method: str, path: str
-    ) -> tuple[list[tuple[str, str]], str, bool]:
-        """Check the proxy token and put the real key where the harness put the token."""
-        key = self._api_key
-        presented: str | None = None
-        out = [(k, v) for k, v in headers if k not in _SKIP_REQUEST]
-        out.append(("accept-encoding", "identity"))  # keep the recorded bytes readable
-        for name, value in headers:
-            if name == "authorization" and value.lower().startswith("bearer "):
-                presented = value[7:].strip()
-                if key is not None:
-                    out.append(("authorization", f"Bearer {key}"))
-            elif name in _KEY_HEADERS:
-                presented = value.strip()
-                if key is not None:
-                    out.append((name, key))
-        if "key=" in query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            presented = next((v for k, v in pairs if k == "key"), presented)
-            pairs = [(k, v) for k, v in pairs if k != "key"]
-            if key is not None:
-                pairs.append(("key", key))
-            query = urlencode(pairs)
-        if presented is None:  # connectivity probes (Claude Code's HEAD /) carry no key
-            return out, query, method in ("HEAD", "GET") and path == "/"
-        return out, query, hmac.compare_digest(presented.encode(), token.encode())
+    def _redactors(self) -> tuple[str, Redactor, Redactor]:
+        """The current token, a redactor of key and token, and one of the key alone.
 
-    def _maybe_add_logprobs(self, path: str, content: bytes) -> tuple[bytes, bool]:
-        if not (self.request_logprobs and path.endswith("/chat/completions")):
-            return content, False
-        try:
-            body = json.loads(content)
-        except (ValueError, RecursionError):  # a request nested too deep goes up as it came
-            return content, False
-        if not isinstance(body, dict) or body.get("logprobs") is True:
-            return content, False
-        body["logprobs"] = True
-        return json.dumps(body).encode(), True
+        Made once per token, not per call. Answers are scrubbed of the token only once
+        the harness sent it upstream: searching every piece of every answer for both
+        secrets would cost the proxy's hot path for nothing.
+        """
+        token, cached = self._token, self._redaction
+        if cached is None or cached[0] != token:
+            cached = self._redaction = (
+                token,
+                Redactor((self._api_key, token)),
+                Redactor((self._api_key,)),
+            )
+        return cached
 
     def _record(
         self,
@@ -575,19 +513,5 @@ class _Call:
     started_at: float  # wall clock when the whole request had arrived
     t0: float  # perf_counter at the same moment
     redact: Redactor  # the real key and the proxy token this call was let in with
+    relay: Redactor  # what to take out of the answer: the key, and the token if it went up
     disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {
-        "error": {"type": "gym_harness_proxy_error", "message": f"gym_harness proxy: {message}"}
-    }
-
-
-async def _send_json(send: Any, status: int, payload: dict[str, Any], close: bool = False) -> None:
-    data = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data, "more_body": False})

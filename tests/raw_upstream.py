@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 __all__ = ["Answer", "RawUpstream"]
 
 #: The pieces of an answer, and whether the connection closes after it; or a function of
-#: the request's head that returns them.
-Answer = tuple[Iterable[bytes], bool] | Callable[[bytes], tuple[Iterable[bytes], bool]]
+#: the request's head and body that returns them.
+Answer = tuple[Iterable[bytes], bool] | Callable[[bytes, bytes], tuple[Iterable[bytes], bool]]
 
 
 class RawUpstream:
@@ -20,7 +20,7 @@ class RawUpstream:
 
     Each answer is a list of pieces, each sent with its own ``sendall`` (so framing lands
     split across reads), then the connection is closed if the answer says so. An answer
-    may also be a function of the request's head (to echo it, say). It counts the
+    may also be a function of the request's head and body (to echo them, say). It counts the
     connections it accepted and keeps each request's head, to check framing and keep-alive.
     """
 
@@ -66,7 +66,7 @@ class RawUpstream:
                 buf = buf[size:]
                 self.heads.append(head)
                 answer = self.answers.pop(0)
-                pieces, close = answer(head) if callable(answer) else answer
+                pieces, close = answer(head, self.bodies[-1]) if callable(answer) else answer
                 for piece in pieces:
                     conn.sendall(piece)
                 if close:

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2 as httpx
 import psutil
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from model_server import Echo, ScriptedModelServer
 from raw_upstream import RawUpstream
 
-from gym_harness._redact import MASK, Redactor
+from gym_harness._secrets import MASK, Redactor
 from gym_harness.capture import (
     DEFAULT_MAX_RECORD_BYTES,
     ModelExchange,
@@ -232,37 +233,45 @@ def test_a_large_request_is_recorded_up_to_the_cap(upstream: RawUpstream) -> Non
 # ---------------------------------------------------------------- secrets
 
 
-def echo_split(head: bytes) -> tuple[list[bytes], bool]:
-    """An error answer that echoes the request head, sent three bytes at a time."""
-    body = b"you sent:\n" + head
-    whole = b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\n"
-    echoed = b" | ".join(line for line in head.split(b"\r\n") if REAL_KEY.encode() in line)
-    whole += b"X-Echo: " + echoed + b"\r\n"
-    whole += b"Content-Length: %d\r\n\r\n" % len(body) + body
-    return [whole[i : i + 3] for i in range(0, len(whole), 3)], True
+def echo(upstream: RawUpstream, earlier: int | None = None) -> Any:
+    """An error answer echoing the request's head and body (or an earlier request's body,
+    as a stateful upstream might), sent three bytes at a time."""
+
+    def answer(head: bytes, body: bytes) -> tuple[list[bytes], bool]:
+        said = body if earlier is None else upstream.bodies[earlier]
+        text = b"you sent:\n" + head + b"\n\n" + said
+        whole = b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\n"
+        echoed = b" | ".join(line for line in head.split(b"\r\n") if REAL_KEY.encode() in line)
+        whole += b"X-Echo: " + echoed + b"\r\n"
+        whole += b"Content-Length: %d\r\n\r\n" % len(text) + text
+        return [whole[i : i + 3] for i in range(0, len(whole), 3)], True
+
+    return answer
 
 
 def test_an_upstream_echoing_credentials_leaks_nothing(upstream: RawUpstream) -> None:
-    upstream.answers = [echo_split, echo_split]
+    # The harness even sends its token upstream in a body; a later answer echoes that body.
+    upstream.answers = [echo(upstream), echo(upstream), echo(upstream, earlier=1)]
     with (
         ModelProxy(f"http://127.0.0.1:{upstream.port}", api_key=REAL_KEY) as proxy,
         httpx.Client(base_url=proxy.base_url, timeout=10) as client,
     ):
-        # The harness even puts its token in the body and the query; the key goes upstream.
+        body = {"messages": [{"role": "user", "content": "hello"}]}
+        seen = [client.post(CHAT, json=body, headers=bearer(proxy))]
         body = {"messages": [{"role": "user", "content": f"my token is {proxy.token}"}]}
-        seen = [
-            client.post(CHAT, json=body, headers=bearer(proxy)),
-            client.post(f"/v1beta/models/g:generateContent?key={proxy.token}", json=body),
-        ]
+        seen.append(client.post(CHAT, json=body, headers=bearer(proxy)))
+        seen.append(client.post(f"/v1beta/models/g:generateContent?key={proxy.token}", json={}))
         records = proxy.drain()
     assert all(REAL_KEY.encode() in head for head in upstream.heads)  # it was echoed
+    assert proxy.token.encode() in upstream.bodies[1]  # and the token went up
     for resp in seen:
-        assert resp.status_code == 401 and MASK.decode() in resp.text
+        assert resp.status_code == 401 and MASK.decode() in resp.headers["x-echo"]
         assert leaks(proxy, resp.text + json.dumps(dict(resp.headers))) == []
-    assert [r.outcome for r in records] == ["refused", "refused"]
+    assert "my token is [redacted]" in seen[1].text and "my token is [redacted]" in seen[2].text
+    assert [r.outcome for r in records] == ["refused"] * 3
     for record in records:
         assert leaks(proxy, record_text(record)) == [] and MASK.decode() in record.body
-    assert records[0].request["messages"][0]["content"] == "my token is [redacted]"
+    assert records[1].request["messages"][0]["content"] == "my token is [redacted]"
 
 
 @given(
@@ -370,4 +379,4 @@ def test_a_harness_hanging_up_mid_request_forwards_nothing(upstream: RawUpstream
         port = int(proxy.base_url.rsplit(":", 1)[1])
         raw_request(port, post_head(proxy, content_length="1000"), b"{" * 10, close=True)
         (record,) = wait_records(proxy, 1)
-    assert record.outcome == "client_closed" and upstream.heads == []
+    assert record.outcome == "client_closed" and record.truncated and upstream.heads == []

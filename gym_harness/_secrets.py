@@ -1,20 +1,24 @@
-"""Redactor: takes secrets out of a byte stream that arrives in pieces.
+"""The model proxy's secrets: the token swapped for the real key, and both kept from leaking.
 
-The model proxy relays an upstream's answer to the harness piece by piece and records
-it; the real API key and the proxy token must reach neither, even when an upstream
-echoes a request header in its answer and the secret straddles two socket reads.
+On the way up, :func:`swap_credentials` checks the proxy token the harness presented and
+puts the real key in its place. On the way down, a :class:`Redactor` masks both: the
+proxy relays an upstream's answer to the harness piece by piece and records it, and
+neither may get a secret, even when an upstream echoes a request header in its answer
+and the secret straddles two socket reads.
 A piece is passed on at once unless it ends with what may be the start of a secret;
 only then are those few bytes held back until the next piece (or the end) decides.
 SSE pieces end with a newline, which no secret contains, so a stream is never delayed.
 
-Threads: a Redactor is immutable; any thread may use it.
+Threads: everything here is immutable or pure; any thread may use it.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable
+from urllib.parse import parse_qsl, urlencode
 
-__all__ = ["MASK", "MIN_SECRET", "Redactor"]
+__all__ = ["MASK", "MIN_SECRET", "Redactor", "carries", "swap_credentials"]
 
 #: What a secret is replaced with.
 MASK = b"[redacted]"
@@ -84,3 +88,62 @@ class Redactor:
                     break
                 i = data.find(secret[:1], i + 1)
         return cut
+
+
+_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+# Hop-by-hop or rewritten by us; never copied between the two connections.
+_SKIP_REQUEST = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+        "authorization",
+        *_KEY_HEADERS,
+    }
+)
+
+
+def swap_credentials(
+    token: str, key: str | None, headers: list[tuple[str, str]], query: str, method: str, path: str
+) -> tuple[list[tuple[str, str]], str, bool]:
+    """Check the proxy token and put the real key where the harness put the token.
+
+    Returns:
+        The headers to send upstream (hop-by-hop ones and the harness's credential
+        dropped, ``key`` added where the token was), the query likewise, and whether the
+        request presented ``token`` (or is a connectivity probe that presents nothing).
+    """
+    presented: str | None = None
+    out = [(k, v) for k, v in headers if k not in _SKIP_REQUEST]
+    out.append(("accept-encoding", "identity"))  # keep the recorded bytes readable
+    for name, value in headers:
+        if name == "authorization" and value.lower().startswith("bearer "):
+            presented = value[7:].strip()
+            if key is not None:
+                out.append(("authorization", f"Bearer {key}"))
+        elif name in _KEY_HEADERS:
+            presented = value.strip()
+            if key is not None:
+                out.append((name, key))
+    if "key=" in query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        presented = next((v for k, v in pairs if k == "key"), presented)
+        pairs = [(k, v) for k, v in pairs if k != "key"]
+        if key is not None:
+            pairs.append(("key", key))
+        query = urlencode(pairs)
+    if presented is None:  # connectivity probes (Claude Code's HEAD /) carry no key
+        return out, query, method in ("HEAD", "GET") and path == "/"
+    return out, query, hmac.compare_digest(presented.encode(), token.encode())
+
+
+def carries(token: str, body: bytes, headers: list[tuple[str, str]], query: str) -> bool:
+    """Whether a request on its way upstream holds the proxy token anywhere."""
+    return token.encode() in body or token in query or any(token in value for _, value in headers)
