@@ -33,6 +33,8 @@ from gym_harness.capture import (
     parse_sse,
 )
 from gym_harness.capture_records import MAX_DEPTH
+from gym_harness.config import HarnessConfig
+from gym_harness.errors import CaptureError, ConfigError
 
 REAL_KEY = "sk-real-upstream-key-0123456789"
 CHAT = "/v1/chat/completions"
@@ -380,3 +382,14 @@ def test_a_harness_hanging_up_mid_request_forwards_nothing(upstream: RawUpstream
         raw_request(port, post_head(proxy, content_length="1000"), b"{" * 10, close=True)
         (record,) = wait_records(proxy, 1)
     assert record.outcome == "client_closed" and record.truncated and upstream.heads == []
+
+
+def test_bounds_are_checked_at_construction() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(CaptureError, match="max_record_bytes must be a positive int"):
+            ModelProxy("http://127.0.0.1:1", max_record_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(CaptureError, match="max_request_bytes must be a positive int"):
+            ModelProxy("http://127.0.0.1:1", max_request_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="capture_max_bytes must be a positive int"):
+            HarnessConfig(capture_max_bytes=bad)  # type: ignore[arg-type]
+    assert HarnessConfig().capture_max_bytes == DEFAULT_MAX_RECORD_BYTES
