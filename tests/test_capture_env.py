@@ -344,8 +344,10 @@ def test_drop_mid_stream_breaks_the_harness_connection(
 def test_stall_ends_the_turn_at_its_deadline(
     srv: ScriptedModelServer, tmp_path: Path, streaming: bool
 ) -> None:
-    kwargs = {"turn_timeout_s": 8, "idle_timeout_s": 2}
-    env = streaming_env(srv, tmp_path, **kwargs) if streaming else reference_env(srv, **kwargs)
+    # The streaming agent, whose client is imported before it says ready: the reference
+    # agent imports its own lazily, which on a loaded machine can outlast idle_timeout_s
+    # before its first model call. Not streaming: the upstream sends not even headers.
+    env = streaming_env(srv, tmp_path, turn_timeout_s=8, idle_timeout_s=2)
     try:
         env.reset()
         srv.stall(after=2 if streaming else None)
