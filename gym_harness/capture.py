@@ -21,17 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import hmac
-import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode
 
 from gym_harness._loopback import LoopbackServer, RotatingToken
+from gym_harness._proxy_http import add_logprobs, error_payload, read_body, send_json
+from gym_harness._secrets import Redactor, carries, swap_credentials
 from gym_harness.capture_records import (
     ModelExchange,
     SSEEvent,
@@ -61,30 +60,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 3.0
+#: Default cap on each recorded body (the harness still gets the whole answer).
+DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
+#: Default limit on a request body; larger ones get 413 before they are read.
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 _UVICORN_OPTIONS = {
     "interface": "asgi3",
     "proxy_headers": False,
     "lifespan": "off",
     "timeout_graceful_shutdown": 1,
 }
-_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
-# Hop-by-hop or rewritten by us; never copied between the two connections.
-_SKIP_REQUEST = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",
-        "authorization",
-        *_KEY_HEADERS,
-    }
-)
 # content-length too: the answer goes out chunked, so its end reaches the harness only after
 # the exchange is recorded (a harness that has its answer finds it in records()).
 _SKIP_RESPONSE = frozenset(
@@ -123,6 +108,13 @@ class ModelProxy(RotatingToken):
         timeout_s: Longest silence from the upstream (before the answer starts or between
             two chunks) before the exchange is given up as ``"stalled"``.
         connect_timeout_s: Longest wait to connect to the upstream.
+        max_record_bytes: Each recorded body (request, answer) is kept up to this many
+            bytes and the record marked ``truncated``; the harness still gets it whole.
+        max_request_bytes: A larger request body is refused (413, recorded as
+            ``"too_large"``) before it is read, or as soon as its stream passes the limit.
+
+    The real key and the proxy token are replaced by ``[redacted]`` in every answer
+    relayed to the harness (headers and body) and in every record.
 
     Example:
         >>> with ModelProxy("http://127.0.0.1:8000", api_key=key) as proxy:  # doctest: +SKIP
@@ -139,11 +131,21 @@ class ModelProxy(RotatingToken):
         request_logprobs: bool = False,
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise CaptureError(f"upstream must be an http(s) URL, got {upstream!r}")
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise CaptureError("timeout_s and connect_timeout_s must be positive")
+        for name, value in (
+            ("max_record_bytes", max_record_bytes),
+            ("max_request_bytes", max_request_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CaptureError(f"{name} must be a positive int, got {value!r}")
+        self.max_record_bytes = max_record_bytes
+        self.max_request_bytes = max_request_bytes
         self.upstream = upstream.rstrip("/")
         self.request_logprobs = request_logprobs
         self.timeout_s = timeout_s
@@ -159,6 +161,10 @@ class ModelProxy(RotatingToken):
         self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
+        # Proxy thread: the redactors of the current token (see _redactors), and the last
+        # token a harness sent upstream itself (an upstream can echo only what it got).
+        self._redaction: tuple[str, Redactor, Redactor] | None = None
+        self._token_upstream = ""
         self._cut: dict[asyncio.Task[Any], str] = {}
         #: ``time.monotonic()`` of the last request or answer chunk: model traffic is a
         #: sign of life for the env's idle (stall) detection.
@@ -280,22 +286,33 @@ class ModelProxy(RotatingToken):
             return
         started_at, t0 = time.time(), time.perf_counter()
         self.last_activity = time.monotonic()
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-        outgoing, query, ok = self._credentials(headers, query, method, path)
-        call = _Call(method, path, bytes(body), False, send, started_at, t0)
-        if not ok:
+        token, redact, relay = self._redactors()
+        outgoing, query, ok = swap_credentials(token, self._api_key, headers, query, method, path)
+        call = _Call(method, path, b"", False, send, started_at, t0, redact, relay)
+        if not ok:  # refused before its body is read
             self._record(call, 401, "unauthorized", "", None)
-            await _send_json(send, 401, _error("missing or wrong gym_harness proxy token"))
+            await send_json(send, 401, error_payload("missing or wrong gym_harness proxy token"))
             return
-        call.content, call.added = self._maybe_add_logprobs(path, call.content)
+        call.content, size, problem = await read_body(receive, headers, self.max_request_bytes)
+        if problem == "client_closed":
+            self._record(call, 499, problem, "the harness hung up mid-request", None, cut=True)
+            return
+        if problem:
+            why = f"request body of {size} bytes or more is over the proxy's limit of "
+            why += f"{self.max_request_bytes} bytes (ModelProxy max_request_bytes)"
+            self._record(call, 413, problem, why, None, request_bytes=size, cut=True)
+            # Connection: close, so the rest of the body is never read.
+            await send_json(send, 413, error_payload(why), close=True)
+            return
+        if self.request_logprobs and path.endswith("/chat/completions"):
+            call.content, call.added = add_logprobs(call.content)
+        if self._token_upstream != token and carries(token, call.content, outgoing, query):
+            self._token_upstream = token  # from now on the upstream may echo it
+        if self._token_upstream == token:
+            call.relay = redact
         # raw_path: the path as the harness wrote it (scope["path"] is percent-decoded).
         raw_path = scope.get("raw_path") or path.encode()
         target = raw_path.decode("latin-1") + (f"?{query}" if query else "")
@@ -332,36 +349,53 @@ class ModelProxy(RotatingToken):
             self._record(call, status, outcome, why, None)
             if cut is None:
                 raise
-            await _send_json(call.send, status, _error(why))
+            await send_json(call.send, status, error_payload(why))
             return
         else:
             await self._relay(call, response)
             return
         self._record(call, status, outcome, why, None)
-        await _send_json(call.send, status, _error(why))
+        await send_json(call.send, status, error_payload(why))
 
     async def _relay(self, call: _Call, response: UpstreamResponse) -> None:
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
-        out_headers = [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
+        redact = call.relay
+        out_headers = redact.scrub_headers(
+            [(k, v) for k, v in response.headers if k not in _SKIP_RESPONSE]
+        )
         send, disconnect = call.send, call.disconnect
         await send(
             {"type": "http.response.start", "status": response.status, "headers": out_headers}
         )
         chunks: list[bytes] = []
+        kept, cap, size, held = 0, self.max_record_bytes, 0, b""
         ttfb: float | None = None
         outcome, why = ("refused" if response.status >= 400 else "ok"), ""
         try:
-            # Each piece is every body byte one socket read brought, sent on at once.
-            while (chunk := await response.read_some()) is not None:
+            # Each piece is every body byte one socket read brought, sent on at once
+            # (bar the start of a secret at its very end, held for the next read).
+            while (raw := await response.read_some()) is not None:
                 self.last_activity = time.monotonic()
                 if ttfb is None:
                     ttfb = time.perf_counter() - call.t0
+                chunk, held = redact.split(held + raw if held else raw)
+                if not chunk:
+                    continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunks.append(chunk)
+                size += len(chunk)
+                if kept < cap:  # the record keeps the first cap bytes; the harness gets all
+                    chunks.append(chunk if kept + len(chunk) <= cap else chunk[: cap - kept])
+                    kept += len(chunks[-1])
                 if disconnect is not None and disconnect.done():
                     outcome, why = "client_closed", "the harness hung up mid-answer"
                     break
+            else:
+                if held:  # the stream ended: it was no secret after all
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                    size += len(held)
+                    if kept < cap:
+                        chunks.append(held[: cap - kept])
         except UpstreamTimeout as exc:
             outcome, why = "stalled", f"upstream silent for {self.timeout_s}s mid-answer: {exc}"
         except UpstreamDropped as exc:
@@ -375,52 +409,28 @@ class ModelProxy(RotatingToken):
         finally:
             await response.aclose()
             answer = (response.header(b"content-type"), b"".join(chunks))
-            self._record(call, response.status, outcome, why, answer, ttfb)
+            self._record(call, response.status, outcome, why, answer, ttfb, answer_bytes=size)
         if outcome in ("stalled", "dropped"):
             raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _credentials(
-        self, headers: list[tuple[str, str]], query: str, method: str, path: str
-    ) -> tuple[list[tuple[str, str]], str, bool]:
-        """Check the proxy token and put the real key where the harness put the token."""
-        token, key = self._token, self._api_key
-        presented: str | None = None
-        out = [(k, v) for k, v in headers if k not in _SKIP_REQUEST]
-        out.append(("accept-encoding", "identity"))  # keep the recorded bytes readable
-        for name, value in headers:
-            if name == "authorization" and value.lower().startswith("bearer "):
-                presented = value[7:].strip()
-                if key is not None:
-                    out.append(("authorization", f"Bearer {key}"))
-            elif name in _KEY_HEADERS:
-                presented = value.strip()
-                if key is not None:
-                    out.append((name, key))
-        if "key=" in query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            presented = next((v for k, v in pairs if k == "key"), presented)
-            pairs = [(k, v) for k, v in pairs if k != "key"]
-            if key is not None:
-                pairs.append(("key", key))
-            query = urlencode(pairs)
-        if presented is None:  # connectivity probes (Claude Code's HEAD /) carry no key
-            return out, query, method in ("HEAD", "GET") and path == "/"
-        return out, query, hmac.compare_digest(presented.encode(), token.encode())
+    def _redactors(self) -> tuple[str, Redactor, Redactor]:
+        """The current token, a redactor of key and token, and one of the key alone.
 
-    def _maybe_add_logprobs(self, path: str, content: bytes) -> tuple[bytes, bool]:
-        if not (self.request_logprobs and path.endswith("/chat/completions")):
-            return content, False
-        try:
-            body = json.loads(content)
-        except ValueError:
-            return content, False
-        if not isinstance(body, dict) or body.get("logprobs") is True:
-            return content, False
-        body["logprobs"] = True
-        return json.dumps(body).encode(), True
+        Made once per token, not per call. Answers are scrubbed of the token only once
+        the harness sent it upstream: searching every piece of every answer for both
+        secrets would cost the proxy's hot path for nothing.
+        """
+        token, cached = self._token, self._redaction
+        if cached is None or cached[0] != token:
+            cached = self._redaction = (
+                token,
+                Redactor((self._api_key, token)),
+                Redactor((self._api_key,)),
+            )
+        return cached
 
     def _record(
         self,
@@ -430,23 +440,37 @@ class ModelProxy(RotatingToken):
         error: str,
         answer: tuple[str, bytes] | None,
         ttfb: float | None = None,
+        *,
+        request_bytes: int | None = None,
+        answer_bytes: int | None = None,
+        cut: bool = False,
     ) -> None:
         total = time.perf_counter() - call.t0
-        # Only the raw facts here: parsing waits for records()/drain() in the caller's
-        # thread, so it costs the harness's call nothing.
-        raw = {
+        # Only the raw facts here (capped and redacted): parsing waits for records()/drain()
+        # in the caller's thread, so it costs the harness's call nothing.
+        cap, content = self.max_record_bytes, call.content
+        request = call.redact.scrub(content[:cap] if len(content) > cap else content)
+        answer_size = 0 if answer is None else len(answer[1])
+        raw: dict[str, Any] = {
             "method": call.method,
             "path": call.path,
-            "request": call.content,
+            "request": request,
             "logprobs_added": call.added,
             "status": status,
             "outcome": outcome,
-            "error": error,
+            "error": call.redact.scrub(error.encode()).decode() if error else "",
             "answer": answer,
             "started_at": call.started_at,
             "ttfb_s": ttfb,
             "total_s": total,
+            "request_bytes": len(content) if request_bytes is None else request_bytes,
+            "answer_bytes": answer_size if answer_bytes is None else answer_bytes,
         }
+        raw["truncated"] = (
+            cut
+            or raw["request_bytes"] > min(len(content), cap)
+            or raw["answer_bytes"] > answer_size
+        )
         with self._lock:
             self._seq += 1
             self._pending.append({**raw, "seq": self._seq})
@@ -488,17 +512,6 @@ class _Call:
     send: Any  # the ASGI send of the harness's connection
     started_at: float  # wall clock when the whole request had arrived
     t0: float  # perf_counter at the same moment
+    redact: Redactor  # the real key and the proxy token this call was let in with
+    relay: Redactor  # what to take out of the answer: the key, and the token if it went up
     disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {
-        "error": {"type": "gym_harness_proxy_error", "message": f"gym_harness proxy: {message}"}
-    }
-
-
-async def _send_json(send: Any, status: int, payload: dict[str, Any]) -> None:
-    data = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data, "more_body": False})

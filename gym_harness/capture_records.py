@@ -8,16 +8,23 @@ records are read, never in the proxy's hot path.
 
 Wire APIs understood: OpenAI Chat Completions, OpenAI Responses, Anthropic
 Messages, Gemini (anything else is recorded with api ``"other"``).
+
+Reading never raises, whatever the bytes: JSON nested deeper than :data:`MAX_DEPTH`
+is not parsed (the record keeps its text and says ``"unparsed"``), so a record never
+holds a structure that breaks ``json``, ``pickle`` or ``dataclasses.asdict`` downstream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate
 from typing import Any
 
 __all__ = [
+    "MAX_DEPTH",
     "ModelExchange",
     "SSEEvent",
     "TokenLogprob",
@@ -63,10 +70,20 @@ class ModelExchange:
     through unchanged), ``"dropped"`` (upstream broke the connection before or during
     its answer), ``"stalled"`` (upstream silent past ``timeout_s``, or still owing its
     answer when the env cut it at the end of a turn), ``"unreachable"``,
-    ``"unauthorized"`` (wrong proxy token; nothing forwarded), ``"client_closed"`` (the
-    harness hung up first) or ``"cancelled"`` (the proxy stopped mid-answer).
-    ``request`` is the JSON body as sent upstream (after any logprobs request was added).
-    ``events`` holds a streamed answer event by event; ``body`` a non-streamed one.
+    ``"unauthorized"`` (wrong proxy token; nothing forwarded), ``"too_large"`` (the
+    request body passed the proxy's limit; answered 413, nothing forwarded),
+    ``"client_closed"`` (the harness hung up first), ``"cancelled"`` (the proxy stopped
+    mid-answer) or ``"unparsed"`` (the exchange completed, but its request or answer
+    could not be read, e.g. JSON nested deeper than :data:`MAX_DEPTH`; ``error`` says
+    what, and the raw text is kept in ``request_text``, ``body`` or ``events``).
+
+    ``request`` is the JSON body as sent upstream (after any logprobs request was
+    added), or ``None`` when it was empty, not JSON, too deep, or cut by the record cap;
+    then ``request_text`` holds its text (else ``""``). ``events`` holds a streamed answer
+    event by event; ``body`` a non-streamed one. Bodies are kept up to the proxy's
+    ``max_record_bytes`` each: ``truncated`` says one was cut (the harness still got it
+    whole), ``request_bytes`` and ``answer_bytes`` are the sizes on the wire. The real
+    API key and the proxy token never appear in a record (replaced by ``[redacted]``).
     Times are seconds from the moment the whole request had reached the proxy.
     """
 
@@ -75,10 +92,14 @@ class ModelExchange:
     method: str
     path: str
     request: Any
+    request_text: str
     logprobs_added: bool
     status: int
     outcome: str
     error: str
+    truncated: bool
+    request_bytes: int
+    answer_bytes: int
     streamed: bool
     events: tuple[SSEEvent, ...]
     body: str
@@ -95,6 +116,34 @@ class ModelExchange:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
         return dict(json.loads(json.dumps(asdict(self))))
+
+
+#: Deepest JSON nesting a record holds parsed (real requests nest about ten deep).
+MAX_DEPTH = 100
+
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the JSON in ``text`` nests deeper than :data:`MAX_DEPTH` (never recurses)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:  # the usual small payload
+        return False
+    # Drop string contents (escapes first, so every remaining quote delimits a string),
+    # then follow the brackets left: a running sum of +1 / -1 is the nesting depth.
+    plain = text.replace("\\\\", "").replace('\\"', "")
+    brackets = _NOT_BRACKET.sub("", "".join(plain.split('"')[::2]))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH
+
+
+def _loads(text: str) -> tuple[Any, str]:
+    """``(value, "")``, or ``(None, why)`` when ``text`` is not JSON or nests too deep."""
+    if _too_deep(text):
+        return None, f"JSON nested deeper than {MAX_DEPTH} levels"
+    try:
+        return json.loads(text), ""
+    except (ValueError, RecursionError) as exc:  # RecursionError: belt and braces
+        return None, f"not JSON: {str(exc)[:200]}"
 
 
 def api_of(path: str) -> str:
@@ -137,11 +186,22 @@ class _Answer:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
 
-    def call(self, key: Any, id_: str = "", name: str = "", arguments: str = "") -> None:
+    def say(self, text: Any) -> None:
+        if isinstance(text, str):
+            self.text.append(text)
+
+    def call(self, key: Any, id_: Any = "", name: Any = "", arguments: Any = "") -> None:
         slot = self.calls.setdefault(key, {"id": "", "name": "", "arguments": ""})
-        slot["id"] = slot["id"] or id_
-        slot["name"] = slot["name"] or name
-        slot["arguments"] += arguments
+        slot["id"] = slot["id"] or _str(id_)
+        slot["name"] = slot["name"] or _str(name)
+        slot["arguments"] += _str(arguments)
+
+
+def _str(value: Any) -> str:
+    """A string field as sent; anything else (an upstream's odd shape) as JSON text."""
+    if isinstance(value, str):
+        return value
+    return "" if value is None else json.dumps(value)
 
 
 def _logprob(entry: dict[str, Any]) -> TokenLogprob:
@@ -157,8 +217,7 @@ def _feed_chat(ans: _Answer, obj: dict[str, Any]) -> None:
         ans.usage = dict(obj["usage"])
     for choice in obj.get("choices") or []:
         part = choice.get("delta") or choice.get("message") or {}
-        if isinstance(part.get("content"), str):
-            ans.text.append(part["content"])
+        ans.say(part.get("content"))
         for i, tc in enumerate(part.get("tool_calls") or []):
             fn = tc.get("function") or {}
             ans.call(
@@ -186,7 +245,7 @@ def _feed_anthropic(ans: _Answer, obj: dict[str, Any]) -> None:
     elif kind == "content_block_delta":
         delta = obj.get("delta") or {}
         if delta.get("type") == "text_delta":
-            ans.text.append(delta.get("text", ""))
+            ans.say(delta.get("text"))
         elif delta.get("type") == "input_json_delta":
             ans.call(obj.get("index"), arguments=delta.get("partial_json", ""))
     elif kind == "message_delta":
@@ -198,7 +257,7 @@ def _feed_anthropic(ans: _Answer, obj: dict[str, Any]) -> None:
 
 def _anthropic_block(ans: _Answer, key: Any, block: dict[str, Any], streamed: bool = False) -> None:
     if block.get("type") == "text":
-        ans.text.append(block.get("text", ""))
+        ans.say(block.get("text"))
     elif block.get("type") in ("tool_use", "server_tool_use"):
         args = "" if streamed else json.dumps(block.get("input") or {})
         ans.call(key, block.get("id", ""), block.get("name", ""), args)
@@ -211,7 +270,7 @@ def _feed_responses(ans: _Answer, obj: dict[str, Any]) -> None:
             _responses_item(ans, i, item, with_text=True)
         ans.stop, ans.usage = str(obj.get("status") or ""), dict(obj.get("usage") or {})
     elif kind == "response.output_text.delta":
-        ans.text.append(obj.get("delta", ""))
+        ans.say(obj.get("delta"))
         ans.logprobs += [_logprob(e) for e in obj.get("logprobs") or []]
     elif kind == "response.output_item.done":
         _responses_item(ans, obj.get("output_index"), obj.get("item") or {}, with_text=False)
@@ -226,9 +285,9 @@ def _responses_item(ans: _Answer, key: Any, item: dict[str, Any], with_text: boo
     if item.get("type") == "function_call":
         ans.call(key, item.get("call_id", ""), item.get("name", ""), item.get("arguments", ""))
     elif item.get("type") == "message" and with_text:
-        ans.text += [
-            p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text"
-        ]
+        for part in item.get("content") or []:
+            if part.get("type") == "output_text":
+                ans.say(part.get("text"))
 
 
 def _feed_gemini(ans: _Answer, obj: dict[str, Any]) -> None:
@@ -236,8 +295,8 @@ def _feed_gemini(ans: _Answer, obj: dict[str, Any]) -> None:
         ans.usage = dict(obj["usageMetadata"])
     for cand in (obj.get("candidates") or [])[:1]:
         for part in (cand.get("content") or {}).get("parts") or []:
-            if isinstance(part.get("text"), str) and not part.get("thought"):
-                ans.text.append(part["text"])
+            if not part.get("thought"):
+                ans.say(part.get("text"))
             if "functionCall" in part:
                 fc = part["functionCall"]
                 ans.call(
@@ -279,20 +338,72 @@ def assemble(
     started_at: float,
     ttfb_s: float | None,
     total_s: float,
+    truncated: bool = False,
+    request_bytes: int | None = None,
+    answer_bytes: int | None = None,
 ) -> ModelExchange:
-    """Build the record of one exchange from the bytes that went up and came back."""
-    api = api_of(path)
+    """Build the record of one exchange from the bytes that went up and came back.
+
+    Never raises: whatever cannot be read is kept as text, and a completed exchange
+    whose request or answer could not be read is recorded as ``"unparsed"``.
+    """
     ctype, raw = answer or ("", b"")
+    sizes = {
+        "request_bytes": len(request) if request_bytes is None else request_bytes,
+        "answer_bytes": len(raw) if answer_bytes is None else answer_bytes,
+    }
+    meta = {
+        "seq": seq,
+        "method": method,
+        "path": path,
+        "logprobs_added": logprobs_added,
+        "status": status,
+        "started_at": started_at,
+        "ttfb_s": ttfb_s,
+        "total_s": total_s,
+        "truncated": truncated,
+        **sizes,
+    }
+    try:
+        return _assemble(meta, request, outcome, error, ctype, raw, truncated)
+    except Exception as exc:  # a bug of ours on odd bytes must not lose the exchange
+        why = f"could not read the exchange: {exc!r}"
+        return _unread(meta, request, raw, outcome, error, why)
+
+
+def _assemble(
+    meta: dict[str, Any],
+    request: bytes,
+    outcome: str,
+    error: str,
+    ctype: str,
+    raw: bytes,
+    truncated: bool,
+) -> ModelExchange:
+    api = api_of(meta["path"])
+    problems: list[str] = []
+    parsed: Any = None
+    request_text = ""
+    if request:
+        text = request.decode("utf-8", "replace")
+        parsed, why = _loads(text)
+        if why:
+            request_text = text
+            if api != "other" and not (truncated and why.startswith("not JSON")):
+                problems.append(f"request: {why}")
     streamed = ctype.startswith("text/event-stream")
     events = parse_sse(raw) if streamed else ()
     body = "" if streamed else raw.decode("utf-8", "replace")
     ans = _Answer()
     feed = _FEED.get(api)
-    if feed is not None and status < 400:
+    if feed is not None and meta["status"] < 400:
         payloads = [e.data for e in events] if streamed else [body]
-        for payload in payloads:
+        for n, payload in enumerate(payloads):
+            if _too_deep(payload):
+                problems.append(f"answer part {n}: JSON nested deeper than {MAX_DEPTH} levels")
+                continue
             # "[DONE]", a broken final chunk, or a shape we do not know: keep the rest
-            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+            with contextlib.suppress(Exception):
                 obj = json.loads(payload)
                 if isinstance(obj, dict):
                     feed(ans, obj)
@@ -301,17 +412,13 @@ def assemble(
         logprobs = [
             replace(lp, token_id=tid) for lp, tid in zip(logprobs, ans.token_ids, strict=True)
         ]
-    parsed: Any = None
-    with contextlib.suppress(ValueError):
-        parsed = json.loads(request) if request else None
+    if problems:
+        outcome, error = _unparsed(outcome, error, "; ".join(problems))
     return ModelExchange(
-        seq=seq,
+        **meta,
         api=api,
-        method=method,
-        path=path,
         request=parsed,
-        logprobs_added=logprobs_added,
-        status=status,
+        request_text=request_text,
         outcome=outcome,
         error=error,
         streamed=streamed,
@@ -323,9 +430,37 @@ def assemble(
         usage=ans.usage,
         logprobs=tuple(logprobs),
         token_ids=tuple(ans.token_ids),
-        started_at=started_at,
-        ttfb_s=ttfb_s,
-        total_s=total_s,
+    )
+
+
+def _unparsed(outcome: str, error: str, why: str) -> tuple[str, str]:
+    """A completed exchange becomes ``"unparsed"``; a failed one keeps its outcome."""
+    if outcome == "ok":
+        return "unparsed", why
+    return outcome, f"{error}; {why}" if error else why
+
+
+def _unread(
+    meta: dict[str, Any], request: bytes, raw: bytes, outcome: str, error: str, why: str
+) -> ModelExchange:
+    """The record of an exchange nothing could be read from: raw text and facts only."""
+    outcome, error = _unparsed(outcome, error, why)
+    return ModelExchange(
+        **meta,
+        api=api_of(meta["path"]),
+        request=None,
+        request_text=request.decode("utf-8", "replace"),
+        outcome=outcome,
+        error=error,
+        streamed=False,
+        events=(),
+        body=raw.decode("utf-8", "replace"),
+        text="",
+        tool_calls=(),
+        stop_reason="",
+        usage={},
+        logprobs=(),
+        token_ids=(),
     )
 
 

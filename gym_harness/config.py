@@ -48,6 +48,9 @@ class HarnessConfig:
         stderr_tail_lines: How many stderr lines are kept for error reports.
         max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
         allow_plain_text: Treat non-JSON stdout lines as text instead of a protocol error.
+        capture_max_bytes: With ``capture``, each recorded model request and answer body is
+            kept up to this many bytes (the record says ``truncated``); the harness still
+            gets the whole answer.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -70,6 +73,7 @@ class HarnessConfig:
     stderr_tail_lines: int = 50
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
+    capture_max_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -89,7 +93,7 @@ class HarnessConfig:
             _positive(name, getattr(self, name))
         if self.episode_timeout_s is not None:
             _positive("episode_timeout_s", self.episode_timeout_s)
-        for name in ("stderr_tail_lines", "max_line_bytes"):
+        for name in ("stderr_tail_lines", "max_line_bytes", "capture_max_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")

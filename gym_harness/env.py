@@ -340,7 +340,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
             key = os.environ.get(key_env) if key_env else None
             if key_env and key is None:
                 raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
-            self._proxy = ModelProxy(str(upstream), api_key=key, request_logprobs=logprobs)
+            self._proxy = ModelProxy(
+                str(upstream),
+                api_key=key,
+                request_logprobs=logprobs,
+                max_record_bytes=self.config.capture_max_bytes,
+            )
             self._proxy.start()
         return self._proxy
 
@@ -462,7 +467,8 @@ def _with_model_calls(result: TurnResult, proxy: ModelProxy) -> TurnResult:
     calls: list[HarnessEvent] = []
     for exchange in exchanges:
         record = exchange.to_dict()
-        request = {k: record.pop(k) for k in ("seq", "api", "method", "path", "request")}
+        keys = ("seq", "api", "method", "path", "request", "request_text")
+        request = {k: record.pop(k) for k in keys}
         calls.append(HarnessEvent(EventType.LLM_REQUEST, request, exchange.started_at))
         record["seq"] = request["seq"]
         done_at = exchange.started_at + exchange.total_s

@@ -13,7 +13,8 @@ yet, call it; otherwise answer ``"tool said: <last tool result>; you said:
 ``reply(text)`` (fixed text), ``enqueue(...)`` (one-shot replies, FIFO, used
 before the default), ``fail(status, body)``, ``stall(after)`` (accept, then
 send nothing until ``release()`` or ``stop()``) and ``drop(after)`` (cut the
-connection mid-stream).
+connection mid-stream). One-shot only: ``Echo`` (an error that echoes the request's
+credentials, as a careless API or gateway might) and ``Raw`` (canned bytes).
 
 Threads: ``start()`` runs a ``ThreadingHTTPServer`` in one thread; each
 connection gets its own handler thread. The request log and the mode sit
@@ -40,7 +41,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -49,8 +50,10 @@ import pytest
 
 __all__ = [
     "Drop",
+    "Echo",
     "Fail",
     "LoggedRequest",
+    "Raw",
     "Reply",
     "ScriptedModelServer",
     "Stall",
@@ -96,7 +99,24 @@ class Drop:
     after: int = 1
 
 
-Action = Reply | Fail | Stall | Drop
+@dataclass(frozen=True)
+class Echo:
+    """Answer ``status`` with the request's headers and query in the body, and its
+    credential in an ``X-Echo-Credential`` header."""
+
+    status: int = 401
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Answer with exactly these bytes as the body."""
+
+    body: bytes
+    content_type: str = "text/event-stream"
+    status: int = 200
+
+
+Action = Reply | Fail | Stall | Drop | Echo | Raw
 
 
 @dataclass(frozen=True)
@@ -270,7 +290,7 @@ class ScriptedModelServer:
         raw = _read_body(h)
         body: Any = None
         if raw:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):  # deep JSON: body None
                 body = json.loads(raw)
         api, stream, model = _route(h.command, path, body, self.model)
         entry = LoggedRequest(
@@ -292,6 +312,14 @@ class ScriptedModelServer:
             return
         if isinstance(action, Fail):
             _send_json(h, action.status, action.body)
+            return
+        if isinstance(action, Echo):
+            echoed = {"message": "invalid credentials", "headers": entry.headers, "query": query}
+            credential = entry.headers.get("authorization") or entry.headers.get("x-api-key", "")
+            _send_json(h, action.status, {"error": echoed}, [("X-Echo-Credential", credential)])
+            return
+        if isinstance(action, Raw):
+            _send_json(h, action.status, action.body, content_type=action.content_type)
             return
         reply = action if isinstance(action, Reply) else self._scripted(api, body)
         events = _RENDER[api](reply, body, model, stream)
@@ -766,14 +794,22 @@ def _read_body(h: BaseHTTPRequestHandler) -> bytes:
     return raw
 
 
-def _send_json(h: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
+def _send_json(
+    h: BaseHTTPRequestHandler,
+    status: int,
+    payload: Any,
+    headers: Sequence[tuple[str, str]] = (),
+    content_type: str = "text/plain",
+) -> None:
     if isinstance(payload, bytes | str):
-        data, ctype = (payload.encode() if isinstance(payload, str) else payload), "text/plain"
+        data, ctype = (payload.encode() if isinstance(payload, str) else payload), content_type
     else:
         data, ctype = json.dumps(payload).encode(), "application/json"
     h.send_response(status)
     h.send_header("Content-Type", ctype)
     h.send_header("Content-Length", str(len(data)))
+    for name, value in headers:
+        h.send_header(name, value)
     h.end_headers()
     if h.command != "HEAD":
         h.wfile.write(data)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from model_server import Drop, Fail, ScriptedModelServer, Stall, token_id
+from raw_upstream import RawUpstream
 
 from gym_harness._upstream import UpstreamDropped, _Body
 from gym_harness.capture import ModelExchange, ModelProxy, ProxyState, SSEEvent, parse_sse
@@ -332,72 +331,6 @@ def test_parse_sse_round_trip(events: list[tuple[str, str]]) -> None:
         for name, data in events
     )
     assert parse_sse(wire.encode()) == tuple(SSEEvent(n, d) for n, d in events)
-
-
-class RawUpstream:
-    """A bare HTTP/1.1 upstream on 127.0.0.1 that answers each request with scripted bytes.
-
-    Each answer is a list of pieces, each sent with its own ``sendall`` (so framing lands
-    split across reads), then the connection is closed if the answer says so. It counts the
-    connections it accepted and keeps each request's head, to check framing and keep-alive.
-    """
-
-    def __init__(self) -> None:
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self.answers: list[tuple[list[bytes], bool]] = []
-        self.heads: list[bytes] = []
-        self.connections = 0
-        self._conns: list[socket.socket] = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:  # closed by stop()
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.connections += 1
-            self._conns.append(conn)
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        buf = b""
-        with contextlib.suppress(OSError):
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                size = int(length.group(1)) if length else 0
-                while len(buf) < size:
-                    buf += conn.recv(65536)
-                buf = buf[size:]
-                self.heads.append(head)
-                pieces, close = self.answers.pop(0)
-                for piece in pieces:
-                    conn.sendall(piece)
-                if close:
-                    conn.shutdown(socket.SHUT_RDWR)
-                    return
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):  # wakes the blocked accept() (Linux)
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            conn.close()
-        for thread in self._threads:
-            thread.join(5)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 from cli_support import cli_path
-from model_server import Drop, ScriptedModelServer, token_id
+from model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
 from gym_harness.capture import parse_sse
@@ -344,8 +344,10 @@ def test_drop_mid_stream_breaks_the_harness_connection(
 def test_stall_ends_the_turn_at_its_deadline(
     srv: ScriptedModelServer, tmp_path: Path, streaming: bool
 ) -> None:
-    kwargs = {"turn_timeout_s": 8, "idle_timeout_s": 2}
-    env = streaming_env(srv, tmp_path, **kwargs) if streaming else reference_env(srv, **kwargs)
+    # The streaming agent, whose client is imported before it says ready: the reference
+    # agent imports its own lazily, which on a loaded machine can outlast idle_timeout_s
+    # before its first model call. Not streaming: the upstream sends not even headers.
+    env = streaming_env(srv, tmp_path, turn_timeout_s=8, idle_timeout_s=2)
     try:
         env.reset()
         srv.stall(after=2 if streaming else None)
@@ -390,3 +392,106 @@ def test_rollout_capture_writes_llm_exchanges(srv: ScriptedModelServer, tmp_path
     assert (raw["api"], raw["outcome"], raw["status"]) == ("chat", "ok", 200)
     assert raw["request"] == srv.requests("chat")[-1].body
     assert srv.requests("chat")[-1].headers["authorization"] == f"Bearer {REAL_KEY}"
+
+
+# ---------------------------------------------------------------- (f) nothing hidden or leaked
+
+# A line-protocol agent that posts each message, as is, as the body of one chat call, and
+# replies with the status, the size and the start of the answer (it parses nothing).
+RAW_AGENT = textwrap.dedent(
+    """
+    import json, os, sys
+    import httpx2
+
+    url = os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
+    headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+               "content-type": "application/json"}
+    print(json.dumps({"type": "ready"}), flush=True)
+    with httpx2.Client(timeout=30, trust_env=False) as client:
+        for line in sys.stdin:
+            resp = client.post(url, content=json.loads(line)["content"], headers=headers)
+            seen = {"status": resp.status_code, "bytes": len(resp.content),
+                    "head": resp.text[:4000], "headers": dict(resp.headers)}
+            print(json.dumps({"type": "turn_complete", "response": json.dumps(seen)}), flush=True)
+    """
+)
+DEEP_SSE = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: ' + b"[" * 5000 + b"\n\n"
+
+
+def raw_env(srv: ScriptedModelServer, tmp_path: Path, **kwargs: Any) -> HarnessEnv:
+    script = tmp_path / "raw_agent.py"
+    script.write_text(RAW_AGENT)
+    return reference_env(srv, command=[sys.executable, str(script)], **kwargs)
+
+
+def chat_body(content: str, stream: bool = False) -> str:
+    messages = [{"role": "user", "content": content}]
+    return json.dumps({"model": "m", "stream": stream, "messages": messages})
+
+
+@pytest.mark.timeout(60)
+def test_unreadable_model_calls_still_reach_the_trajectory(
+    srv: ScriptedModelServer, tmp_path: Path
+) -> None:
+    deep = '{"model": "m", "messages": [{"role": "user", "content": ' + "[" * 3000 + "]" * 3000
+    deep += "}]}"
+    env = raw_env(srv, tmp_path)
+    try:
+        env.reset()
+        reply1, _, _, _, info1 = env.step(deep)
+        srv.enqueue(Raw(DEEP_SSE))
+        reply2, _, _, _, info2 = env.step(chat_body("hello", stream=True))
+        trajectory = json.dumps(env.unwrapped.trajectory.to_dict())
+    finally:
+        env.close()
+    assert json.loads(reply1)["status"] == 200 and info1["error_type"] == ""
+    assert json.loads(reply2)["bytes"] == len(DEEP_SSE)  # the harness got it whole
+    (call1,) = model_calls(info1)
+    (call2,) = model_calls(info2)
+    kinds = [e["type"] for e in info1["events"] if e["type"].startswith("llm_")]
+    assert kinds == ["llm_request", "llm_response"]
+    assert (call1["outcome"], call1["request"], call1["request_text"]) == ("unparsed", None, deep)
+    assert (call2["outcome"], call2["text"]) == ("unparsed", "hi")
+    assert "nested deeper" in call1["error"] and "nested deeper" in call2["error"]
+    assert trajectory.count('"outcome": "unparsed"') == 2
+
+
+@pytest.mark.timeout(60)
+def test_echoed_credentials_reach_neither_the_harness_nor_the_trajectory(
+    srv: ScriptedModelServer, tmp_path: Path
+) -> None:
+    env = raw_env(srv, tmp_path)
+    try:
+        env.reset()
+        token = proxy_token(env)
+        srv.enqueue(Echo(401))
+        reply, _, _, _, info = env.step(chat_body("hello"))
+        trajectory = json.dumps(env.unwrapped.trajectory.to_dict())
+    finally:
+        env.close()
+    seen = json.loads(reply)
+    assert seen["status"] == 401 and seen["headers"]["x-echo-credential"] == "Bearer [redacted]"
+    assert srv.requests()[0].headers["authorization"] == f"Bearer {REAL_KEY}"  # it was echoed
+    for text in (reply, trajectory, json.dumps(info["events"])):
+        assert REAL_KEY not in text and token not in text
+    (call,) = model_calls(info)
+    assert call["outcome"] == "refused" and "[redacted]" in call["body"]
+
+
+@pytest.mark.timeout(60)
+def test_capture_max_bytes_caps_the_record_not_the_answer(
+    srv: ScriptedModelServer, tmp_path: Path
+) -> None:
+    env = raw_env(srv, tmp_path, capture_max_bytes=2000)
+    try:
+        env.reset()
+        srv.reply("word " * 3000)
+        reply, _, _, _, info = env.step(chat_body("x" * 5000, stream=True))
+    finally:
+        env.close()
+    got = json.loads(reply)["bytes"]
+    (call,) = model_calls(info)
+    assert call["truncated"] and call["answer_bytes"] == got > 100_000
+    assert sum(len(e["data"]) for e in call["events"]) <= 2000
+    assert call["request"] is None and len(call["request_text"]) == 2000
+    assert call["request_bytes"] == len(chat_body("x" * 5000, stream=True))
