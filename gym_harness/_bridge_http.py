@@ -11,8 +11,9 @@ checks the bridge needs, in this order, each answered at once with
 3. the path is ``/mcp``: 404 otherwise;
 4. the body fits ``max_body_bytes``: 413 otherwise, read no further than the limit
    (a declared ``Content-Length`` is checked before reading);
-5. a request opening a session (no ``mcp-session-id``) fits the token's session cap:
-   429 with a JSON-RPC error otherwise.
+5. a request opening a session (``initialize`` of the session-based protocol versions:
+   no ``mcp-session-id``) fits the token's session cap: 429 with a JSON-RPC error
+   otherwise. Later protocol versions are stateless and open no session.
 
 Sessions belong to the token that opened them: :meth:`BridgeHTTP.close_all`, run at
 each token rotation, closes every session and connection. Responses are JSON, not
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hmac
 import json
 import time
@@ -127,7 +129,7 @@ class BridgeHTTP:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        host = origin = supplied = session = length = None
+        host = origin = supplied = session = length = version = None
         for key, value in scope["headers"]:
             if key == b"host":
                 host = value
@@ -139,6 +141,8 @@ class BridgeHTTP:
                 session = value
             elif key == b"content-length":
                 length = value
+            elif key == b"mcp-protocol-version":
+                version = value
         if host is None or not self._local(host):
             await _refuse(send, 421, b"Misdirected Request")
             return
@@ -172,7 +176,7 @@ class BridgeHTTP:
                 await _refuse(send, 413, self._too_large())
                 return
             receive = _replay(body, receive)
-            if session is None:
+            if session is None and (version is None or version in _handshake_versions()):
                 await self._open_session(token, body, scope, receive, send)
                 return
         await self._serve(token, scope, receive, send)
@@ -193,10 +197,7 @@ class BridgeHTTP:
             self._opening -= 1
 
     async def _serve(self, token: str, scope: Any, receive: Any, send: Any) -> None:
-        from fastmcp.server.context import reset_transport, set_transport
-        from fastmcp.server.http import set_http_request
-        from starlette.requests import Request
-
+        set_transport, reset_transport, set_http_request, Request = _fastmcp_context()
         reset = _REQUEST_TOKEN.set(token)
         transport = set_transport("streamable-http")
         try:
@@ -232,6 +233,14 @@ class BridgeHTTP:
 
     def _too_large(self) -> bytes:
         return f"request body larger than {self.max_body_bytes} bytes".encode()
+
+
+@functools.cache
+def _handshake_versions() -> frozenset[bytes]:
+    """Protocol versions of the session-based (``initialize``) era; later ones are stateless."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    return frozenset(v.encode() for v in HANDSHAKE_PROTOCOL_VERSIONS)
 
 
 def _request_id(body: bytes) -> Any:
@@ -289,6 +298,16 @@ async def _refuse_jsonrpc(send: Any, request_id: Any, message: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+@functools.cache
+def _fastmcp_context() -> tuple[Any, Any, Any, Any]:
+    """What fastmcp's own HTTP app sets per request, so tools see the same context."""
+    from fastmcp.server.context import reset_transport, set_transport
+    from fastmcp.server.http import set_http_request
+    from starlette.requests import Request
+
+    return set_transport, reset_transport, set_http_request, Request
 
 
 def _manager_class() -> type:

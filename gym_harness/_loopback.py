@@ -180,6 +180,23 @@ class _Coalescing:
         return getattr(self._transport, name)
 
 
+class _Quiet:
+    """uvicorn's per-connection logger, turned down to debug on ours."""
+
+    level = logging.WARNING
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        logger.debug(msg, *args, **kwargs)
+
+    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        logger.debug(msg, *args, **kwargs)
+
+    info = warning = error = exception = debug
+
+
+_QUIET = _Quiet()
+
+
 def _connection_class() -> type:
     global _CONNECTION_CLASS
     if _CONNECTION_CLASS is None:
@@ -190,6 +207,8 @@ def _connection_class() -> type:
 
             def __init__(self, config: Any, server_state: Any, table: _Table) -> None:
                 super().__init__(config, server_state, {})
+                # Untrusted clients can make uvicorn log at will (bad requests, cut calls).
+                self.logger = _QUIET
                 self.app_state = {CONNECTION_KEY: self}  # reaches the app as scope["state"]
                 self.table = table
                 #: Set by the app once a request authenticated: "" means untrusted.
@@ -385,7 +404,7 @@ class LoopbackServer:
             ) from cause
 
     def stop(self) -> None:
-        """Stop serving: close every connection, end the thread; bounded, idempotent, never raises."""
+        """Close the listener and every connection, end the thread; bounded, never raises."""
         if self._state is not _State.RUNNING:
             return
         self._state = _State.STOPPED

@@ -8,12 +8,10 @@ connections. A foreign ``Host`` or ``Origin`` header is refused (DNS-rebinding
 protection). The HTTP side and its bounds live in :mod:`gym_harness._bridge_http`
 and :mod:`gym_harness._loopback`.
 
-A tool cannot take the bridge down: whatever it raises, ``SystemExit`` and
-``KeyboardInterrupt`` included, becomes a tool error for that call. Each call
-passes through FastMCP once (the served server's ``call_tool``, then the original
-tool's ``run``). Sync tools run on at most ``tool_workers`` threads; a call that
-finds them all taken waits within its timeout, then gets a "busy" tool error. A tool tagged ``locked`` holds the
-env lock until it has really ended, even after its call timed out.
+A tool cannot take the bridge down, hold the env lock past its real end, or
+take more than ``tool_workers`` threads: see :mod:`gym_harness._tool_runner`.
+If the bridge thread dies anyway, ``state`` says FAILED and ``start`` (each reset)
+serves afresh.
 
 Threads: the caller's thread owns the lifecycle (``start``/``stop``/
 ``rotate_token``) and never needs an event loop. The bridge thread (a
@@ -26,10 +24,7 @@ before ``start``), not over HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import enum
-import functools
-import inspect
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -37,7 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_harness._bridge_http import MCP_PATH, BridgeHTTP
-from gym_harness._loopback import LoopbackServer, RotatingToken
+from gym_harness._loopback import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
+from gym_harness._tool_runner import ToolRunner
 from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
 from gym_harness.tools import (
     HIDDEN_TAGS,
@@ -57,14 +53,11 @@ __all__ = ["BridgeState", "MCPBridge", "ToolCallResult"]
 
 _STOP_TIMEOUT_S = 1.0
 _CLOSE_TIMEOUT_S = 2.0
-_LOCK_POLL_S = 0.002
 _RLOCK_TYPE = type(threading.RLock())
 #: Default per-token session cap, sync-tool threads and request-body limit.
 MAX_SESSIONS = 64
 TOOL_WORKERS = 32
 MAX_BODY_BYTES = 4 * 1024 * 1024
-# The call a tool body belongs to (read by the wrapper around each original tool's function).
-_SLOT: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("bridge_slot", default=None)
 
 
 class BridgeState(enum.Enum):
@@ -114,6 +107,9 @@ class MCPBridge(RotatingToken):
         tool_workers: Threads that run sync tools, at most. A call that finds them all
             taken waits for one within its ``tool_timeout_s``, then gets a "busy" tool error.
         max_body_bytes: Largest HTTP request body accepted (413 beyond it).
+        header_timeout_s: A connection that has not sent a request's complete headers
+            this long after opening (or going idle) is closed.
+        idle_timeout_s: An idle keep-alive connection is closed after this long.
 
     Attributes:
         last_activity: ``time.monotonic()`` of the last authenticated request or the end
@@ -141,9 +137,16 @@ class MCPBridge(RotatingToken):
         max_sessions: int = MAX_SESSIONS,
         tool_workers: int = TOOL_WORKERS,
         max_body_bytes: int = MAX_BODY_BYTES,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
-        if not tool_timeout_s > 0:
-            raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s}")
+        for name, limit in (
+            ("tool_timeout_s", tool_timeout_s),
+            ("header_timeout_s", header_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
+        ):
+            if not limit > 0:
+                raise ConfigError(f"{name} must be > 0, got {limit}")
         if isinstance(lock, _RLOCK_TYPE):
             raise ConfigError("lock must be a threading.Lock: the bridge acquires it off-thread")
         for name, value in (
@@ -162,22 +165,18 @@ class MCPBridge(RotatingToken):
         self.max_sessions = max_sessions
         self.tool_workers = tool_workers
         self.max_body_bytes = max_body_bytes
+        self._timeouts = (header_timeout_s, idle_timeout_s)
         super().__init__()
         self._state = BridgeState.NEW
         self._state_lock = threading.Lock()
         self._source: FastMCP | None = None
         self._served: FastMCP | None = None
         self._names: dict[str, str] = {}
-        self._tools: dict[str, Tool] = {}  # served name -> the original, guarded (direct path)
-        self._locked: frozenset[str] = frozenset()
-        self._sync: frozenset[str] = frozenset()
+        self._runner: ToolRunner | None = None
         self._specs: list[ToolSpec] = []
         self._server: LoopbackServer | None = None
         self._http: BridgeHTTP | None = None
         self._url = ""
-        self._abandoned: set[asyncio.Future[Any]] = set()
-        self._workers_busy = 0
-        self._count_lock = threading.Lock()
         self.last_activity = time.monotonic()
         self.tool_calls = 0
         self.in_flight = 0
@@ -326,10 +325,15 @@ class MCPBridge(RotatingToken):
             names = self._check_requested(self._requested_names, originals, visible)
         served = [_ServedTool.wrap(self, new, originals[old]) for new, old in names.items()]
         self._source, self._names = source, names
-        if _calls_directly(source):
-            self._tools = {new: _guarded(originals[old]) for new, old in names.items()}
-        self._locked = frozenset(n for n, o in names.items() if LOCKED_TAG in originals[o].tags)
-        self._sync = frozenset(n for n, o in names.items() if _runs_in_thread(originals[o]))
+        self._runner = ToolRunner(
+            source,
+            {new: originals[old] for new, old in names.items()},
+            names,
+            locked=frozenset(n for n, o in names.items() if LOCKED_TAG in originals[o].tags),
+            lock=self._lock,
+            timeout_s=self.tool_timeout_s,
+            workers=self.tool_workers,
+        )
         self._specs = [
             ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
             for t in served
@@ -360,7 +364,8 @@ class MCPBridge(RotatingToken):
 
     async def _call_for_orchestrator(self, name: str, args: dict[str, Any]) -> ToolCallResult:
         try:
-            result = await self._invoke(name, args)
+            assert self._runner is not None
+            result = await self._runner.invoke(name, args)
         except Exception as exc:  # a tool's failure is the orchestrator's result, not a crash
             return ToolCallResult(text=str(exc), is_error=True)
         text = "\n".join(getattr(block, "text", "") for block in result.content)
@@ -368,90 +373,13 @@ class MCPBridge(RotatingToken):
             text=text, is_error=result.is_error, structured=result.structured_content
         )
 
-    async def _invoke(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
-        from fastmcp.exceptions import ToolError
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.tool_timeout_s
-        lock = self._lock if served_name in self._locked else None
-        if lock is not None and not lock.acquire(blocking=False):
-            # Poll: a blocking acquire would stall the loop, one in a thread cannot be undone.
-            while not lock.acquire(blocking=False):
-                if loop.time() >= deadline:
-                    raise ToolError(
-                        f"env busy: tool {served_name!r} waited {self.tool_timeout_s}s for the "
-                        "env lock, which an earlier locked tool call still holds; retry later"
-                    )
-                await asyncio.sleep(_LOCK_POLL_S)
-        sync = served_name in self._sync
-        if sync and not self._take_worker():
-            try:
-                while not self._take_worker():
-                    if loop.time() >= deadline:
-                        raise ToolError(
-                            f"busy: all {self.tool_workers} tool worker threads stayed taken by "
-                            f"earlier calls (slow or hung sync tools) for {self.tool_timeout_s}s; "
-                            f"retry {served_name!r} later"
-                        )
-                    await asyncio.sleep(_LOCK_POLL_S)
-            except BaseException:
-                if lock is not None:
-                    lock.release()
-                raise
-        slot = _Slot(self, lock, sync)
-        reset = _SLOT.set(slot)
-        try:
-            task = loop.create_task(self._run_tool(served_name, arguments))
-        finally:
-            _SLOT.reset(reset)
-        task.add_done_callback(slot.task_done)
-        try:
-            done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            # Cancelling a sync tool does not stop its thread; don't wait, keep a reference.
-            task.cancel()
-            self._abandoned.add(task)
-            task.add_done_callback(self._abandoned.discard)
-            held = " (it keeps the env lock until it really ends)" if lock is not None else ""
-            raise ToolError(
-                f"tool {served_name!r} did not finish within {self.tool_timeout_s}s{held}"
-            )
-        return task.result()
-
-    async def _run_tool(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
-        from fastmcp.exceptions import ToolError
-
-        try:
-            tool = self._tools.get(served_name)
-            if tool is not None:
-                return await tool.run(arguments)
-            assert self._source is not None
-            return await self._source.call_tool(self._names[served_name], arguments)
-        except (Exception, asyncio.CancelledError):
-            raise
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt: one call's error only
-            raise ToolError(_fatal_message(served_name, exc)) from exc
-
-    def _take_worker(self) -> bool:
-        with self._count_lock:
-            if self._workers_busy >= self.tool_workers:
-                return False
-            self._workers_busy += 1
-            return True
-
-    def _give_worker(self) -> None:
-        with self._count_lock:
-            self._workers_busy -= 1
-
     async def _serve_call(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
         """A harness's call over HTTP: counted, and a sign of life while it runs and when done."""
         self.tool_calls += 1
         self.in_flight += 1
         try:
-            return await self._invoke(served_name, arguments)
+            assert self._runner is not None
+            return await self._runner.invoke(served_name, arguments)
         finally:
             self.in_flight -= 1
             self.last_activity = time.monotonic()
@@ -473,7 +401,9 @@ class MCPBridge(RotatingToken):
             thread_name="gym-harness-bridge",
             error=BridgeError,
             stop_timeout_s=_STOP_TIMEOUT_S,
+            options={"timeout_keep_alive": self._timeouts[1]},
             context=http.serving,
+            header_timeout_s=self._timeouts[0],
         )
         self._http = http
         try:
@@ -484,110 +414,6 @@ class MCPBridge(RotatingToken):
         http.port = server.port
         self._server = server
         self._url = f"http://127.0.0.1:{server.port}{MCP_PATH}"
-
-
-class _Slot:
-    """One call's hold on the env lock and on a worker thread, given back exactly once.
-
-    Given back when the tool body really ends (the guarded function's ``finally``, in
-    whatever thread it runs), or, if the body never started, when the call's task ends.
-    A body that would start after that is refused, so it never runs without its hold.
-    """
-
-    __slots__ = ("_bridge", "_guard", "_lock", "_state", "_sync")
-
-    def __init__(self, bridge: MCPBridge, lock: threading.Lock | None, sync: bool) -> None:
-        self._bridge, self._lock, self._sync = bridge, lock, sync
-        self._guard = threading.Lock()
-        self._state = 0  # 0 waiting, 1 running, 2 ended
-
-    def begin(self) -> bool:
-        with self._guard:
-            if self._state == 2:
-                return False
-            self._state = 1
-            return True
-
-    def end(self) -> None:
-        with self._guard:
-            if self._state == 2:
-                return
-            self._state = 2
-        if self._lock is not None:
-            self._lock.release()
-        if self._sync:
-            self._bridge._give_worker()
-
-    def task_done(self, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled():
-            task.exception()  # retrieved: an abandoned call's error is no one's to log
-        if self._state != 1:
-            self.end()
-
-
-def _fatal_message(name: str, exc: BaseException) -> str:
-    return (
-        f"tool {name!r} raised {type(exc).__name__}({exc}); the bridge turned it into this "
-        "error (a tool must not exit the process)"
-    )
-
-
-def _guarded(tool: Tool) -> Tool:
-    """A copy of ``tool`` whose function marks its slot's start and end and exits nowhere."""
-    fn = getattr(tool, "fn", None)
-    if fn is None or inspect.isasyncgenfunction(fn):
-        return tool  # accounted by its task alone
-    name = tool.name
-    if inspect.iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-            slot = _SLOT.get()
-            if slot is not None and not slot.begin():
-                raise asyncio.CancelledError
-            try:
-                return await fn(*args, **kwargs)
-            except (Exception, asyncio.CancelledError):
-                raise
-            except BaseException as exc:
-                raise RuntimeError(_fatal_message(name, exc)) from exc
-            finally:
-                if slot is not None:
-                    slot.end()
-
-        return tool.model_copy(update={"fn": guarded_async})
-
-    @functools.wraps(fn)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        slot = _SLOT.get()
-        if slot is not None and not slot.begin():
-            raise RuntimeError(f"tool {name!r} was cancelled before it started")
-        try:
-            result = fn(*args, **kwargs)
-            # A generator's body runs while it is consumed: consume it while we hold the slot.
-            return list(result) if inspect.isgenerator(result) else result
-        except Exception:
-            raise
-        except BaseException as exc:
-            raise RuntimeError(_fatal_message(name, exc)) from exc
-        finally:
-            if slot is not None:
-                slot.end()
-
-    return tool.model_copy(update={"fn": guarded})
-
-
-def _calls_directly(source: FastMCP) -> bool:
-    """Whether calls may skip the source server's ``call_tool`` (no middleware to run)."""
-    return all(type(m).__name__ == "DereferenceRefsMiddleware" for m in source.middleware)
-
-
-def _runs_in_thread(tool: Tool) -> bool:
-    fn = getattr(tool, "fn", None)
-    if fn is None:
-        return False
-    is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
-    return not is_async and bool(getattr(tool, "run_in_thread", True))
 
 
 def _hidden(tool: Tool) -> bool:

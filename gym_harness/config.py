@@ -48,6 +48,10 @@ class HarnessConfig:
         stderr_tail_lines: How many stderr lines are kept for error reports.
         max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
         allow_plain_text: Treat non-JSON stdout lines as text instead of a protocol error.
+        max_mcp_sessions: MCP sessions one episode may open on the env's tool bridge at
+            once; one more ``initialize`` gets a JSON-RPC error (open ones keep working).
+        tool_workers: Threads the bridge runs sync env tools on, at most; a call that
+            finds them all taken waits within ``tool_timeout_s``, then gets a "busy" error.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -70,6 +74,8 @@ class HarnessConfig:
     stderr_tail_lines: int = 50
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
+    max_mcp_sessions: int = 64
+    tool_workers: int = 32
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -89,7 +95,7 @@ class HarnessConfig:
             _positive(name, getattr(self, name))
         if self.episode_timeout_s is not None:
             _positive("episode_timeout_s", self.episode_timeout_s)
-        for name in ("stderr_tail_lines", "max_line_bytes"):
+        for name in ("stderr_tail_lines", "max_line_bytes", "max_mcp_sessions", "tool_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
