@@ -325,7 +325,7 @@ def _manager_class() -> type:
                 if token != self.owner.bridge.token:  # rotated while the request waited
                     return None
                 transport = super()._admit_session(requestor)
-                if transport is not None:
+                if transport is not None and transport.mcp_session_id is not None:
                     self.owner.sessions[transport.mcp_session_id] = token
                 return transport
 

@@ -208,7 +208,7 @@ def _connection_class() -> type:
             def __init__(self, config: Any, server_state: Any, table: _Table) -> None:
                 super().__init__(config, server_state, {})
                 # Untrusted clients can make uvicorn log at will (bad requests, cut calls).
-                self.logger = _QUIET
+                self.logger = _QUIET  # type: ignore[assignment]
                 self.app_state = {CONNECTION_KEY: self}  # reaches the app as scope["state"]
                 self.table = table
                 #: Set by the app once a request authenticated: "" means untrusted.
@@ -225,9 +225,9 @@ def _connection_class() -> type:
                     return 1 if self.busy else 0
                 return None if self.busy else 2
 
-            def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
-                self.transport = _Coalescing(transport, self.loop)
+                self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
                 self._arm(self.table.header_timeout_s)
                 self.table.admit(self)
 

@@ -349,8 +349,10 @@ def test_full_worker_pool_is_busy_and_never_one_more_thread(gate: Gate) -> None:
         assert threading.active_count() <= before + 1  # at most the second worker
         gate.event.set()
         deadline = time.monotonic() + 5
-        while bridge._runner is not None and bridge._runner.busy_workers and (
-            time.monotonic() < deadline
+        while (
+            bridge._runner is not None
+            and bridge._runner.busy_workers
+            and (time.monotonic() < deadline)
         ):
             time.sleep(0.01)
         assert bridge.call_tool("add", {"a": 2, "b": 2}).text == "4"

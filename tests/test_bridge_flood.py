@@ -8,6 +8,7 @@ env's own tool calls and resets keep working, and memory stays flat.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import socket
@@ -130,10 +131,8 @@ def test_idle_connection_flood_under_1024_fds_leaves_tools_and_reset_working(
         def keep_flooding() -> None:  # new idle connections while the env works
             deadline = time.monotonic() + 20
             while not stop.is_set() and time.monotonic() < deadline:
-                try:
+                with contextlib.suppress(OSError):
                     flood.append(socket.create_connection(("127.0.0.1", first["port"]), 5))
-                except OSError:
-                    pass
                 if len(flood) > 1300:
                     flood.pop(0).close()
                 time.sleep(0.002)
@@ -171,10 +170,8 @@ def test_slowloris_connections_are_closed_and_tools_keep_working(bridge: MCPBrid
     try:
         for _ in range(3):  # keep trickling header bytes, never finishing them
             for sock in slow:
-                try:
+                with contextlib.suppress(OSError):
                     sock.sendall(b"X-Slow: 1\r\n")
-                except OSError:
-                    pass
             time.sleep(0.3)
         assert _call_add(bridge, 1, 2) == 3
         assert all(_closed_by_peer(sock, 5.0) for sock in slow)
