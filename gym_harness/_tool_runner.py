@@ -81,12 +81,16 @@ class ToolRunner:
         """Sync tool bodies running now (hung ones included)."""
         return self._busy
 
-    async def invoke(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def invoke(
+        self, served_name: str, arguments: dict[str, Any], *, own_context: bool = False
+    ) -> ToolResult:
         """Run one call; raise ``ToolError`` for a timeout, a busy env or pool, or an exit.
 
         Args:
             served_name: The tool's served name.
             arguments: Its arguments.
+            own_context: Open a FastMCP ``Context`` for the tool (an in-process call, which
+                no served server's ``call_tool`` wraps in one).
 
         Returns:
             The tool's result.
@@ -127,7 +131,7 @@ class ToolRunner:
         slot = _Slot(self, lock, sync)
         reset = _SLOT.set(slot)
         try:
-            task = loop.create_task(self._run(served_name, arguments))
+            task = loop.create_task(self._run(served_name, arguments, own_context))
         finally:
             _SLOT.reset(reset)
         task.add_done_callback(slot.task_done)
@@ -145,11 +149,17 @@ class ToolRunner:
             raise ToolError(f"tool {served_name!r} did not finish within {self.timeout_s}s{held}")
         return task.result()
 
-    async def _run(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def _run(
+        self, served_name: str, arguments: dict[str, Any], own_context: bool
+    ) -> ToolResult:
         from fastmcp.exceptions import ToolError
+        from fastmcp.server.context import Context
 
         try:
             tool = self._tools.get(served_name)
+            if tool is not None and own_context:
+                async with Context(fastmcp=self._source):
+                    return await tool.run(arguments)
             if tool is not None:
                 return await tool.run(arguments)
             return await self._source.call_tool(self._names[served_name], arguments)

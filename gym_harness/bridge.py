@@ -365,7 +365,7 @@ class MCPBridge(RotatingToken):
     async def _call_for_orchestrator(self, name: str, args: dict[str, Any]) -> ToolCallResult:
         try:
             assert self._runner is not None
-            result = await self._runner.invoke(name, args)
+            result = await self._runner.invoke(name, args, own_context=True)
         except Exception as exc:  # a tool's failure is the orchestrator's result, not a crash
             return ToolCallResult(text=str(exc), is_error=True)
         text = "\n".join(getattr(block, "text", "") for block in result.content)

@@ -406,3 +406,23 @@ def test_source_server_middleware_is_still_honoured() -> None:
     with MCPBridge(server) as bridge:
         assert bridge.call_tool("add", {"a": 1, "b": 2}).text == "3"
     assert seen == ["add"]
+
+
+def test_tools_taking_a_context_work_over_http_and_in_process() -> None:
+    from fastmcp import Context
+
+    server = FastMCP("ctx")
+
+    @server.tool
+    async def who(a: int, ctx: Context) -> str:
+        """Name the context the tool got."""
+        return f"{a} {type(ctx).__name__}"
+
+    with MCPBridge(server) as bridge:
+        assert bridge.call_tool("who", {"a": "5"}).text == "5 Context"
+
+        async def go() -> Any:
+            async with _client(bridge) as client:
+                return (await client.call_tool("who", {"a": 7})).data
+
+        assert asyncio.run(go()) == "7 Context"
