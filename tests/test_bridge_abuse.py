@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from fastmcp import Client, FastMCP
+from fastmcp import Client, Context, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
 
 from gym_harness import HarnessEnv, tool_tags
@@ -409,8 +409,6 @@ def test_source_server_middleware_is_still_honoured() -> None:
 
 
 def test_tools_taking_a_context_work_over_http_and_in_process() -> None:
-    from fastmcp import Context
-
     server = FastMCP("ctx")
 
     @server.tool
