@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from gym_harness._loopback import CONNECTION_KEY
+from gym_harness._connections import CONNECTION_KEY
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP

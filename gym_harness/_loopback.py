@@ -13,10 +13,10 @@ Bounds, so that an untrusted client on 127.0.0.1 cannot starve the env:
   of opening (slowloris), and an idle keep-alive connection is closed after
   ``idle_timeout_s`` (plus ``header_timeout_s`` once it starts sending);
 * at most ``max_connections`` (and at most an eighth of the open-file limit) are
-  open; a new one evicts, oldest first, an idle unauthenticated connection, then a
-  busy unauthenticated one, then an idle authenticated one. Busy authenticated
-  connections are never evicted (the app marks a connection authenticated by
-  setting :attr:`Connection.owner`).
+  open; busy authenticated connections are never evicted (see
+  :mod:`gym_harness._connections`, which holds the per-connection side);
+* :meth:`LoopbackServer.stop` closes every connection at once, waits at most
+  ``timeout_graceful_shutdown`` for busy requests, and never sleeps.
 
 Threads: the thread that calls ``start``/``stop`` owns the lifecycle and never
 runs the loop. The server thread owns the event loop (:attr:`LoopbackServer.loop`):
@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import resource
 import secrets
 import socket
 import threading
@@ -38,20 +37,21 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from gym_harness._connections import (
+    HEADER_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    Table,
+    connection_cap,
+    connection_class,
+)
 from gym_harness.errors import HarnessError
 
-__all__ = ["CONNECTION_KEY", "LoopbackServer", "RotatingToken"]
+__all__ = ["IDLE_TIMEOUT_S", "LoopbackServer", "RotatingToken"]
 
 logger = logging.getLogger(__name__)
 
-#: ``scope["state"][CONNECTION_KEY]`` is the request's :class:`Connection` (for the app).
-CONNECTION_KEY = "gym_harness.connection"
-#: A connection must send complete request headers this soon after it opens or idles.
-HEADER_TIMEOUT_S = 3.0
 #: An idle keep-alive connection is closed after this long (uvicorn's default too).
 IDLE_TIMEOUT_S = 5.0
-#: Most connections one server keeps open (capped further by the open-file limit).
-MAX_CONNECTIONS = 128
 _START_TIMEOUT_S = 10.0
 _CANCEL_WAIT_S = 0.2
 _BACKLOG = 128
@@ -66,7 +66,6 @@ _BASE_CONFIG: dict[str, Any] = {
     "lifespan": "off",
     "timeout_keep_alive": IDLE_TIMEOUT_S,
 }
-_OURS = ("timeout_graceful_shutdown",)  # read here, not passed to uvicorn.Config
 
 
 class _State(enum.Enum):
@@ -94,178 +93,6 @@ class RotatingToken:
         """
         self._token = secrets.token_urlsafe(32)
         return self._token
-
-
-def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
-    """``wanted``, lowered to an eighth of the soft open-file limit (at least 8).
-
-    An eighth leaves room for the burst asyncio accepts before evicting (its backlog),
-    for the other loopback server, and for the harness's pipes at the next reset.
-    """
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(8, min(wanted, soft // 8))
-
-
-class _Table:
-    """The open connections of one server, oldest first (loop thread only)."""
-
-    def __init__(self, cap: int, header_timeout_s: float) -> None:
-        self.cap = cap
-        self.header_timeout_s = header_timeout_s
-        self.open: dict[Any, None] = {}
-        self.evicted = 0
-
-    def admit(self, conn: Any) -> None:
-        self.open[conn] = None
-        while len(self.open) > self.cap:
-            victim = self._victim(conn)
-            self.evict(victim if victim is not None else conn)
-            if victim is None:
-                return
-
-    def evict(self, conn: Any) -> None:
-        self.open.pop(conn, None)
-        self.evicted += 1
-        conn.transport.abort()
-
-    def _victim(self, newcomer: Any) -> Any:
-        for rank in (0, 1, 2):
-            for conn in self.open:
-                if conn is not newcomer and conn.rank() == rank:
-                    return conn
-        return None
-
-
-class _Coalescing:
-    """A transport whose writes of one loop iteration leave in one ``send``.
-
-    uvicorn writes a response's headers and body separately; on a loaded machine each
-    send can hand the CPU to the woken client, so one send per response is faster.
-    """
-
-    __slots__ = ("_buffer", "_loop", "_scheduled", "_transport")
-
-    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._buffer: list[bytes] = []
-        self._scheduled = False
-
-    def write(self, data: bytes) -> None:
-        if data:
-            self._buffer.append(data)
-            if not self._scheduled:
-                self._scheduled = True
-                self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        if self._buffer:
-            data = b"".join(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
-            self._buffer.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._buffer.clear()
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _Quiet:
-    """uvicorn's per-connection logger, turned down to debug on ours."""
-
-    level = logging.WARNING
-
-    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
-        logger.debug(msg, *args, **kwargs)
-
-    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        logger.debug(msg, *args, **kwargs)
-
-    info = warning = error = exception = debug
-
-
-_QUIET = _Quiet()
-
-
-def _connection_class() -> type:
-    global _CONNECTION_CLASS
-    if _CONNECTION_CLASS is None:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-
-        class Connection(H11Protocol):
-            """uvicorn's HTTP/1.1 protocol with a header deadline and a place in the table."""
-
-            def __init__(self, config: Any, server_state: Any, table: _Table) -> None:
-                super().__init__(config, server_state, {})
-                # Untrusted clients can make uvicorn log at will (bad requests, cut calls).
-                self.logger = _QUIET  # type: ignore[assignment]
-                self.app_state = {CONNECTION_KEY: self}  # reaches the app as scope["state"]
-                self.table = table
-                #: Set by the app once a request authenticated: "" means untrusted.
-                self.owner = ""
-                self._deadline: asyncio.TimerHandle | None = None
-
-            @property
-            def busy(self) -> bool:
-                return self.cycle is not None and not self.cycle.response_complete
-
-            def rank(self) -> int | None:
-                """Eviction order: lower goes first; ``None`` is never evicted."""
-                if not self.owner:
-                    return 1 if self.busy else 0
-                return None if self.busy else 2
-
-            def connection_made(self, transport: Any) -> None:
-                super().connection_made(transport)
-                self.transport = _Coalescing(transport, self.loop)  # type: ignore[assignment]
-                self._arm(self.table.header_timeout_s)
-                self.table.admit(self)
-
-            def connection_lost(self, exc: Exception | None) -> None:
-                self._disarm()
-                self.table.open.pop(self, None)
-                super().connection_lost(exc)
-
-            def data_received(self, data: bytes) -> None:
-                super().data_received(data)
-                if self._deadline is not None and self.busy:  # the headers are complete
-                    self._disarm()
-
-            def on_response_complete(self) -> None:
-                super().on_response_complete()
-                if not self.transport.is_closing() and not self.busy:
-                    self._arm(self.timeout_keep_alive + self.table.header_timeout_s)
-
-            def _arm(self, delay: float) -> None:
-                self._disarm()
-                self._deadline = self.loop.call_later(delay, self._expire)
-
-            def _disarm(self) -> None:
-                if self._deadline is not None:
-                    self._deadline.cancel()
-                    self._deadline = None
-
-            def _expire(self) -> None:
-                self._deadline = None
-                if not self.busy:
-                    self.table.open.pop(self, None)
-                    self.transport.abort()
-
-        _CONNECTION_CLASS = Connection
-    return _CONNECTION_CLASS
-
-
-_CONNECTION_CLASS: type | None = None
 
 
 class LoopbackServer:
@@ -308,7 +135,7 @@ class LoopbackServer:
         self._stop_timeout_s = stop_timeout_s
         self._options = options
         self._context = context
-        self._table = _Table(connection_cap(max_connections), header_timeout_s)
+        self._table = Table(connection_cap(max_connections), header_timeout_s)
         self._state = _State.NEW
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -440,8 +267,7 @@ class LoopbackServer:
     def close_connections(self) -> None:
         """Close every open connection now, busy or not (loop thread only)."""
         for conn in list(self._table.open):
-            self._table.open.pop(conn, None)
-            conn.transport.abort()
+            self._table.drop(conn)
 
     # -- the server thread --------------------------------------------------------------
 
@@ -475,7 +301,7 @@ class LoopbackServer:
         from uvicorn.server import ServerState
 
         state = ServerState()
-        cls = _connection_class()
+        cls = connection_class()
         context = self._context() if self._context is not None else contextlib.nullcontext()
         async with context:
             server = await loop.create_server(
@@ -489,14 +315,9 @@ class LoopbackServer:
                 await self._drain(state)
 
     async def _drain(self, state: Any) -> None:
-        busy = [conn for conn in self._table.open if conn.busy]
-        for conn in list(self._table.open):
-            if not conn.busy:
-                self._table.open.pop(conn, None)
-                conn.transport.abort()
-        if busy and self._grace_s > 0 and state.tasks:
-            for conn in busy:
-                conn.shutdown()  # close once the response is out
+        if self._grace_s > 0 and state.tasks:
+            for conn in list(self._table.open):
+                conn.shutdown()  # idle ones close now, busy ones once their response is out
             await asyncio.wait(list(state.tasks), timeout=self._grace_s)
         self.close_connections()
         tasks = [t for t in state.tasks if not t.done()]

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_harness._bridge_http import MCP_PATH, BridgeHTTP
-from gym_harness._loopback import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
+from gym_harness._connections import HEADER_TIMEOUT_S
+from gym_harness._loopback import IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
 from gym_harness._tool_runner import ToolRunner
 from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
 from gym_harness.tools import (
