@@ -5,7 +5,8 @@ Run: ``python benchmarks/bridge_bench.py [--calls 1000] [--cycles 20]``
 Prints p50/p95 of one ``echo`` call through (a) MCPBridge (bearer token, Host/Origin
 guard, timeout wrapper), (b) a bare fastmcp streamable-HTTP app of the same tool
 under uvicorn (no auth), (c) fastmcp's in-memory ``Client(server)``; the ratios; and
-the bridge's start and stop times. Target: bridge p50 within 1.2x of bare HTTP.
+the bridge's start and stop times. Goal: bridge p50 at most 0.6x bare fastmcp HTTP
+(median of per-round ratios).
 Calls are interleaved in rounds so machine noise hits all three alike.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 from gym_harness.bridge import MCPBridge
 
 ROUNDS = 10
+GOAL = 0.6
 
 
 def echo(text: str) -> str:
@@ -145,6 +147,8 @@ def main() -> None:
             f"  ratio bridge / {other} (p50): pooled {pooled:.2f}x, "
             f"median of per-round ratios {per_round:.2f}x"
         )
+    goal = round_ratio("bridge (HTTP, auth)", "bare fastmcp HTTP")
+    print(f"  goal bridge / bare fastmcp HTTP <= {GOAL:g}x: {'PASS' if goal <= GOAL else 'MISS'}")
     print(f"bridge start: first (cold imports) {first * 1e3:.0f} ms; ", end="")
     s50, s95 = percentiles(starts)
     print(f"warm p50 {s50 * 1e3:.1f} ms p95 {s95 * 1e3:.1f} ms over {args.cycles}")

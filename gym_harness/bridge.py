@@ -3,29 +3,38 @@
 The bridge serves the env's tools (see :mod:`gym_harness.tools`) and nothing
 else: reserved names, internal and reward tools are never served. Every HTTP
 request needs the bridge's bearer token; :meth:`MCPBridge.rotate_token` at each
-reset locks out a harness from an earlier episode. A foreign ``Host`` or
-``Origin`` header is refused (DNS-rebinding protection).
+reset locks out a harness from an earlier episode and closes its sessions and
+connections. A foreign ``Host`` or ``Origin`` header is refused (DNS-rebinding
+protection). The HTTP side and its bounds live in :mod:`gym_harness._bridge_http`
+and :mod:`gym_harness._loopback`.
+
+A tool cannot take the bridge down, hold the env lock past its real end, or
+take more than ``tool_workers`` threads: see :mod:`gym_harness._tool_runner`.
+If the bridge thread dies anyway, ``state`` says FAILED and ``start`` (each reset)
+serves afresh.
 
 Threads: the caller's thread owns the lifecycle (``start``/``stop``/
 ``rotate_token``) and never needs an event loop. The bridge thread (a
-:class:`~gym_harness._loopback.LoopbackServer`) owns one asyncio loop running
-uvicorn; tool calls run on it, sync tools in its worker threads.
-``list_tools``/``call_tool`` are for the env's orchestrator: they run in-process
-on the bridge loop (or a private one before ``start``), not over HTTP.
+:class:`~gym_harness._loopback.LoopbackServer`) owns one asyncio loop; tool calls
+run on it, sync tools in its worker threads. ``list_tools``/``call_tool`` are for
+the env's orchestrator: they run in-process on the bridge loop (or a private one
+before ``start``), not over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import hmac
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_harness._loopback import LoopbackServer, RotatingToken
+from gym_harness._bridge_http import MCP_PATH, BridgeHTTP
+from gym_harness._connections import HEADER_TIMEOUT_S
+from gym_harness._loopback import IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
+from gym_harness._tool_runner import ToolRunner
 from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
 from gym_harness.tools import (
     HIDDEN_TAGS,
@@ -43,18 +52,25 @@ if TYPE_CHECKING:
 
 __all__ = ["BridgeState", "MCPBridge", "ToolCallResult"]
 
-MCP_PATH = "/mcp"
 _STOP_TIMEOUT_S = 1.0
-_LOCK_POLL_S = 0.002
+_CLOSE_TIMEOUT_S = 2.0
 _RLOCK_TYPE = type(threading.RLock())
+#: Default per-token session cap, sync-tool threads and request-body limit.
+MAX_SESSIONS = 64
+TOOL_WORKERS = 32
+MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 class BridgeState(enum.Enum):
-    """Where a bridge is in its life; ``start`` works from NEW and STOPPED."""
+    """Where a bridge is in its life; ``start`` works from NEW, STOPPED and FAILED.
+
+    FAILED: the bridge thread or its loop died on its own (see ``MCPBridge.failure``).
+    """
 
     NEW = "new"
     RUNNING = "running"
     STOPPED = "stopped"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -72,40 +88,6 @@ class ToolCallResult:
     structured: dict[str, Any] | None = None
 
 
-class _BearerGuard:
-    """ASGI middleware: every request needs ``Authorization: Bearer <current token>``."""
-
-    def __init__(self, app: Any, bridge: MCPBridge) -> None:
-        self.app = app
-        self.bridge = bridge
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        supplied = b""
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                supplied = value
-                break
-        expected = b"Bearer " + self.bridge.token.encode()
-        if not hmac.compare_digest(supplied, expected):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"content-type", b"text/plain"),
-                        (b"www-authenticate", b'Bearer realm="gym_harness"'),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": b"invalid or missing bearer token"})
-            return
-        self.bridge.last_activity = time.monotonic()
-        await self.app(scope, receive, send)
-
-
 class MCPBridge(RotatingToken):
     """Serve an env's domain tools to a harness over loopback streamable HTTP.
 
@@ -121,6 +103,14 @@ class MCPBridge(RotatingToken):
             tool keeps its worker thread until it returns; Python cannot kill it).
         lock: A ``threading.Lock`` held around every call of a tool tagged
             ``"locked"``; the tool must not take it again.
+        max_sessions: MCP sessions one token (one episode) may have open at once; one
+            more ``initialize`` gets a JSON-RPC error.
+        tool_workers: Threads that run sync tools, at most. A call that finds them all
+            taken waits for one within its ``tool_timeout_s``, then gets a "busy" tool error.
+        max_body_bytes: Largest HTTP request body accepted (413 beyond it).
+        header_timeout_s: A connection that has not sent a request's complete headers
+            this long after opening (or going idle) is closed.
+        idle_timeout_s: An idle keep-alive connection is closed after this long.
 
     Attributes:
         last_activity: ``time.monotonic()`` of the last authenticated request or the end
@@ -129,7 +119,7 @@ class MCPBridge(RotatingToken):
         in_flight: Harness tool calls running now (the harness is waiting on the env).
 
     Raises:
-        ConfigError: A bad timeout or a reentrant lock.
+        ConfigError: A bad timeout, bound or a reentrant lock.
 
     Example:
         >>> with MCPBridge([add]) as bridge:  # doctest: +SKIP
@@ -145,28 +135,49 @@ class MCPBridge(RotatingToken):
         prefix: str = "env_",
         tool_timeout_s: float = 120.0,
         lock: threading.Lock | None = None,
+        max_sessions: int = MAX_SESSIONS,
+        tool_workers: int = TOOL_WORKERS,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
-        if not tool_timeout_s > 0:
-            raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s}")
+        for name, limit in (
+            ("tool_timeout_s", tool_timeout_s),
+            ("header_timeout_s", header_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
+        ):
+            if not limit > 0:
+                raise ConfigError(f"{name} must be > 0, got {limit}")
         if isinstance(lock, _RLOCK_TYPE):
             raise ConfigError("lock must be a threading.Lock: the bridge acquires it off-thread")
+        for name, value in (
+            ("max_sessions", max_sessions),
+            ("tool_workers", tool_workers),
+            ("max_body_bytes", max_body_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self._spec = tools
         self._requested_names = dict(tool_names) if tool_names is not None else None
         self._builtin_names = frozenset(builtin_names)
         self._prefix = prefix
         self.tool_timeout_s = tool_timeout_s
         self._lock = lock
+        self.max_sessions = max_sessions
+        self.tool_workers = tool_workers
+        self.max_body_bytes = max_body_bytes
+        self._timeouts = (header_timeout_s, idle_timeout_s)
         super().__init__()
         self._state = BridgeState.NEW
         self._state_lock = threading.Lock()
         self._source: FastMCP | None = None
         self._served: FastMCP | None = None
         self._names: dict[str, str] = {}
-        self._locked: frozenset[str] = frozenset()
+        self._runner: ToolRunner | None = None
         self._specs: list[ToolSpec] = []
         self._server: LoopbackServer | None = None
+        self._http: BridgeHTTP | None = None
         self._url = ""
-        self._abandoned: set[asyncio.Future[Any]] = set()
         self.last_activity = time.monotonic()
         self.tool_calls = 0
         self.in_flight = 0
@@ -176,22 +187,45 @@ class MCPBridge(RotatingToken):
 
     @property
     def state(self) -> BridgeState:
-        """The lifecycle state."""
+        """The lifecycle state; FAILED as soon as the bridge thread or loop has died."""
+        server = self._server
+        if self._state is BridgeState.RUNNING and (server is None or not server.alive):
+            return BridgeState.FAILED
         return self._state
+
+    @property
+    def failure(self) -> str:
+        """Why the bridge died on its own ("" while it serves, and after :meth:`stop`)."""
+        if self.state is not BridgeState.FAILED:
+            return ""
+        server = self._server
+        why = server.failure if server is not None else ""
+        return (why or "the bridge thread ended") + "; the next reset() restarts the bridge"
 
     @property
     def url(self) -> str:
         """The MCP endpoint, ``http://127.0.0.1:<port>/mcp`` ("" unless running)."""
-        return self._url if self._state is BridgeState.RUNNING else ""
+        return self._url if self.state is BridgeState.RUNNING else ""
 
     def rotate_token(self) -> str:
-        """Replace the bearer token; requests with the old one get 401 from now on.
+        """Replace the bearer token and close every session and connection of the old one.
+
+        Requests with the old token get 401 from now on.
 
         Returns:
             The new token (``tools_listed`` is False again until a harness lists the tools).
         """
         self.tools_listed = False
-        return super().rotate_token()
+        token = super().rotate_token()
+        server, http = self._server, self._http
+        loop = server.loop if server is not None else None
+        if loop is not None and http is not None:
+            future = asyncio.run_coroutine_threadsafe(http.close_all(), loop)
+            try:
+                future.result(_CLOSE_TIMEOUT_S)
+            except Exception:  # bounded; a dead loop is reported by ``state``
+                future.cancel()
+        return token
 
     def list_tools(self) -> list[ToolSpec]:
         """The served tools, under their served names (no HTTP, no running loop needed).
@@ -224,8 +258,9 @@ class MCPBridge(RotatingToken):
             raise ConfigError(f"no served tool named {name!r}; served: {sorted(self._names)}")
         args = dict(arguments or {})
         limit = self.tool_timeout_s + 5.0
-        loop = self._server.loop if self._server is not None else None
-        if self._state is not BridgeState.RUNNING or loop is None:
+        server = self._server
+        loop = server.loop if server is not None else None
+        if self.state is not BridgeState.RUNNING or loop is None:
             return run_sync(lambda: self._call_for_orchestrator(name, args), limit)
         future = asyncio.run_coroutine_threadsafe(self._call_for_orchestrator(name, args), loop)
         try:
@@ -237,26 +272,32 @@ class MCPBridge(RotatingToken):
     def start(self) -> None:
         """Bind 127.0.0.1 on an OS-chosen port and serve until :meth:`stop`.
 
+        A FAILED bridge is cleaned up and started afresh (on a new port).
+
         Raises:
             BridgeError: The server could not bind or start in time.
             ConfigError, ToolConflictError: The tools cannot be loaded or named.
         """
         with self._state_lock:
-            if self._state is BridgeState.RUNNING:
+            if self.state is BridgeState.RUNNING:
                 return
+            self._shut()
             self._prepare()
             self._start_server()
             self._state = BridgeState.RUNNING
 
     def stop(self) -> None:
-        """Stop serving within about a second. Idempotent; never raises."""
+        """Stop serving, bounded (milliseconds unless a call is stuck). Idempotent; never raises."""
         with self._state_lock:
             if self._state is not BridgeState.RUNNING:
                 return
             self._state = BridgeState.STOPPED
-            server, self._server, self._url = self._server, None, ""
-            if server is not None:
-                server.stop()  # bounded, never raises
+            self._shut()
+
+    def _shut(self) -> None:
+        server, self._server, self._http, self._url = self._server, None, None, ""
+        if server is not None:
+            server.stop()  # bounded, never raises
 
     def __enter__(self) -> MCPBridge:
         self.start()
@@ -285,7 +326,15 @@ class MCPBridge(RotatingToken):
             names = self._check_requested(self._requested_names, originals, visible)
         served = [_ServedTool.wrap(self, new, originals[old]) for new, old in names.items()]
         self._source, self._names = source, names
-        self._locked = frozenset(n for n, o in names.items() if LOCKED_TAG in originals[o].tags)
+        self._runner = ToolRunner(
+            source,
+            {new: originals[old] for new, old in names.items()},
+            names,
+            locked=frozenset(n for n, o in names.items() if LOCKED_TAG in originals[o].tags),
+            lock=self._lock,
+            timeout_s=self.tool_timeout_s,
+            workers=self.tool_workers,
+        )
         self._specs = [
             ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
             for t in served
@@ -316,7 +365,8 @@ class MCPBridge(RotatingToken):
 
     async def _call_for_orchestrator(self, name: str, args: dict[str, Any]) -> ToolCallResult:
         try:
-            result = await self._invoke(name, args)
+            assert self._runner is not None
+            result = await self._runner.invoke(name, args, own_context=True)
         except Exception as exc:  # a tool's failure is the orchestrator's result, not a crash
             return ToolCallResult(text=str(exc), is_error=True)
         text = "\n".join(getattr(block, "text", "") for block in result.content)
@@ -324,69 +374,45 @@ class MCPBridge(RotatingToken):
             text=text, is_error=result.is_error, structured=result.structured_content
         )
 
-    async def _invoke(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
-        from fastmcp.exceptions import ToolError
-
-        task = asyncio.ensure_future(self._call_source(served_name, arguments))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=self.tool_timeout_s)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            # Cancelling a sync tool waits for its thread; don't wait, keep a reference.
-            task.cancel()
-            self._abandoned.add(task)
-            task.add_done_callback(self._abandoned.discard)
-            raise ToolError(f"tool {served_name!r} did not finish within {self.tool_timeout_s}s")
-        return task.result()
-
     async def _serve_call(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
         """A harness's call over HTTP: counted, and a sign of life while it runs and when done."""
         self.tool_calls += 1
         self.in_flight += 1
         try:
-            return await self._invoke(served_name, arguments)
+            assert self._runner is not None
+            return await self._runner.invoke(served_name, arguments)
         finally:
             self.in_flight -= 1
             self.last_activity = time.monotonic()
 
-    async def _call_source(self, served_name: str, arguments: dict[str, Any]) -> ToolResult:
-        assert self._source is not None
-        original = self._names[served_name]
-        lock = self._lock if served_name in self._locked else None
-        if lock is None:
-            return await self._source.call_tool(original, arguments)
-        # Poll: a blocking acquire would stall the loop, one in a thread cannot be undone.
-        while not lock.acquire(blocking=False):
-            await asyncio.sleep(_LOCK_POLL_S)
-        try:
-            return await self._source.call_tool(original, arguments)
-        finally:
-            lock.release()
-
     # -- the server thread ------------------------------------------------------------
 
     def _start_server(self) -> None:
-        from starlette.middleware import Middleware
-
         assert self._served is not None
-        app = self._served.http_app(
-            path=MCP_PATH,
-            middleware=[Middleware(_BearerGuard, bridge=self)],
-            host_origin_protection=True,
+        http = BridgeHTTP(
+            self,
+            self._served,
+            max_sessions=self.max_sessions,
+            max_body_bytes=self.max_body_bytes,
+            tool_workers=self.tool_workers,
         )
-        # In-flight calls get 0.4 s to finish when stopping.
-        options = {"lifespan": "on", "timeout_graceful_shutdown": 0.4}
         server = LoopbackServer(
-            app,
+            http,
             label="bridge",
             thread_name="gym-harness-bridge",
             error=BridgeError,
             stop_timeout_s=_STOP_TIMEOUT_S,
-            options=options,
+            options={"timeout_keep_alive": self._timeouts[1]},
+            context=http.serving,
+            header_timeout_s=self._timeouts[0],
         )
-        server.start()
+        self._http = http
+        try:
+            server.start()
+        except BaseException:
+            self._http = None
+            raise
+        http.port = server.port
         self._server = server
         self._url = f"http://127.0.0.1:{server.port}{MCP_PATH}"
 

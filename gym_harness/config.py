@@ -51,6 +51,10 @@ class HarnessConfig:
         capture_max_bytes: With ``capture``, each recorded model request and answer body is
             kept up to this many bytes (the record says ``truncated``); the harness still
             gets the whole answer.
+        max_mcp_sessions: MCP sessions one episode may open on the env's tool bridge at
+            once; one more ``initialize`` gets a JSON-RPC error (open ones keep working).
+        tool_workers: Threads the bridge runs sync env tools on, at most; a call that
+            finds them all taken waits within ``tool_timeout_s``, then gets a "busy" error.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -74,6 +78,8 @@ class HarnessConfig:
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
     capture_max_bytes: int = 4 * 1024 * 1024
+    max_mcp_sessions: int = 64
+    tool_workers: int = 32
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -93,7 +99,13 @@ class HarnessConfig:
             _positive(name, getattr(self, name))
         if self.episode_timeout_s is not None:
             _positive("episode_timeout_s", self.episode_timeout_s)
-        for name in ("stderr_tail_lines", "max_line_bytes", "capture_max_bytes"):
+        for name in (
+            "stderr_tail_lines",
+            "max_line_bytes",
+            "capture_max_bytes",
+            "max_mcp_sessions",
+            "tool_workers",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")

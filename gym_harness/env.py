@@ -359,6 +359,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 prefix=self._tool_prefix,
                 tool_timeout_s=self._tool_timeout_s,
                 lock=self.lock,
+                max_sessions=self.config.max_mcp_sessions,
+                tool_workers=self.config.tool_workers,
             )
         return self._bridge
 

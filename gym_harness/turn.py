@@ -30,6 +30,8 @@ __all__ = ["TurnRunner", "end_flags"]
 INTERRUPT_GRACE_S = 1.0
 #: How long to wait for an exit code once the harness closed its output.
 EXIT_WAIT_S = 1.0
+#: How often a waiting turn checks that the env's MCP bridge is still alive.
+BRIDGE_CHECK_S = 0.5
 
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
@@ -118,6 +120,8 @@ class TurnRunner:
         start = time.monotonic()
         if episode_deadline is not None and start >= episode_deadline:
             return self._timed_out("episode_timeout", events)
+        if why := self._bridge_down():
+            return self._bridge_failed(why, events)
         if not self._write(self.harness.message_lines(message)):
             return self._crashed(events)
         turn_deadline = start + self.config.turn_timeout_s
@@ -128,12 +132,16 @@ class TurnRunner:
                 deadline, kind = self._nearest(start, turn_deadline, episode_deadline)
                 if deadline <= now:
                     return self._timed_out(kind, events)
-            line = self.proc.read_line(deadline - now)
+            line = self.proc.read_line(min(deadline - now, BRIDGE_CHECK_S))
             if line is None:
                 if self.proc.eof:
                     return self._crashed(events)
+                if why := self._bridge_down():
+                    return self._bridge_failed(why, events)
                 continue
             feed = self._take(line, events)
+            if (feed.error_type or feed.turn_complete) and (why := self._bridge_down()):
+                return self._bridge_failed(why, events)
             if feed.error_type:
                 return TurnResult(
                     response=feed.response or _texts(events),
@@ -221,6 +229,20 @@ class TurnRunner:
         self.emit(event)
         return TurnResult(
             response=_texts(events), events=tuple(events), error_type=kind, error=message
+        )
+
+    def _bridge_down(self) -> str:
+        return self.bridge.failure if self.bridge is not None else ""
+
+    def _bridge_failed(self, why: str, events: list[HarnessEvent]) -> TurnResult:
+        event = _error_event(Outcome.BRIDGE_FAILED.value, why)
+        events.append(event)
+        self.emit(event)
+        return TurnResult(
+            response=_texts(events),
+            events=tuple(events),
+            error_type=Outcome.BRIDGE_FAILED.value,
+            error=why,
         )
 
     def _crashed(self, events: list[HarnessEvent]) -> TurnResult:
