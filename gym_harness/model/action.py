@@ -249,7 +249,8 @@ def _tool_call(
     where = f"tool call {index}"
     if not isinstance(raw, dict):
         raise InvalidAction(f"{where} must be an object, got {_kind(raw)}")
-    spec = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+    function = raw.get("function")
+    spec: dict[str, Any] = function if isinstance(function, dict) else raw
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidAction(f"{where} needs a tool name (a non-empty string)")

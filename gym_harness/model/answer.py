@@ -100,8 +100,8 @@ class AnswerWriter:
         return "text/event-stream" if self.request.sse else "application/json"
 
     def head(self) -> bytes:
-        """The stream's opening events, which need no completion ("" when not streamed)."""
-        if not self.request.stream or self._head_sent:
+        """The stream's opening events, which need no completion ("" unless an SSE stream)."""
+        if not self.request.sse or self._head_sent:
             return b""
         self._head_sent = True
         return self._frame(_HEADS[self.request.api](self))
@@ -206,6 +206,8 @@ def _anthropic_head(w: AnswerWriter) -> list[Event]:
 def _anthropic_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
     events: list[Event] = []
     for index, block in enumerate(_anthropic_blocks(c)):
+        start: dict[str, Any]
+        delta: dict[str, Any]
         if block["type"] == "text":
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": c.content}
         else:
