@@ -172,7 +172,7 @@ def test_codex_namespaced_tool_answers_in_its_namespace() -> None:
         }
     )
     completion = parse_action(action, api=request.api, tool_names=request.tool_names)
-    ctype, data = encode_answer(request, completion)
+    _, data = encode_answer(request, completion)
     done = [
         json.loads(e.data)["item"]
         for e in parse_sse(data)
@@ -407,19 +407,23 @@ def test_gemini_stream_without_sse_is_a_json_array() -> None:
     assert chunks[0]["candidates"][0]["content"]["parts"] == [{"text": "yo"}]
 
 
+def stop_of(api: str, body: dict[str, Any]) -> Any:
+    if api == "anthropic":
+        return body["stop_reason"]
+    if api == "responses":
+        return body["status"], (body["incomplete_details"] or {}).get("reason")
+    if api == "chat":
+        return body["choices"][0]["finish_reason"]
+    return body["candidates"][0]["finishReason"]
+
+
 @pytest.mark.parametrize("api", APIS)
 def test_stop_reasons_in_each_api(api: str) -> None:
     request = make_request(api, [], stream=False)
     spelled = {}
     for reason in ("stop", "length", "content_filter"):
         _, data = encode_answer(request, Completion(content="x", stop_reason=reason))
-        body = json.loads(data)
-        spelled[reason] = {
-            "anthropic": lambda: body["stop_reason"],
-            "responses": lambda: (body["status"], (body["incomplete_details"] or {}).get("reason")),
-            "chat": lambda: body["choices"][0]["finish_reason"],
-            "gemini": lambda: body["candidates"][0]["finishReason"],
-        }[api]()
+        spelled[reason] = stop_of(api, json.loads(data))
     assert (
         spelled
         == {
