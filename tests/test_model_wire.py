@@ -392,7 +392,7 @@ def test_stream_event_names_and_order(api: str) -> None:
         assert chunks[-1]["usage"]["total_tokens"] > 0  # include_usage was asked
         assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     else:
-        assert head == b"" and len(events) == 1
+        assert head == b"" and ping == b"\n" and len(events) == 1
         part = json.loads(events[0].data)["candidates"][0]["content"]["parts"][1]
         assert part == {"functionCall": {"id": "c1", "name": "add", "args": {"a": 1}}}
 

@@ -10,7 +10,8 @@ A slow policy is normal, so a stream can open before the completion exists:
 :meth:`AnswerWriter.head` gives the events that may precede the content (Anthropic's
 ``message_start``, Responses' ``response.created`` and ``response.in_progress``, the
 Chat Completions role chunk), :meth:`AnswerWriter.keepalive` the API's keep-alive
-(Anthropic's ``ping`` event, an SSE comment line for the others), and
+(Anthropic's ``ping`` event, an SSE comment line for the OpenAI APIs, a bare
+newline for Gemini, whose SDK rejects comments), and
 :meth:`AnswerWriter.body` the rest once the completion is known. ``token_ids``,
 ``logprobs`` and the policy's ``usage`` never reach the harness: the wire usage is
 an estimate (``len // 4``) unless the caller passes one.
@@ -109,14 +110,19 @@ class AnswerWriter:
     def keepalive(self) -> bytes:
         """Bytes that keep the stream alive without changing the answer ("" when none exist).
 
-        Anthropic: a ``ping`` event (sent after :meth:`head`, as the real API does). Other
-        SSE streams: a comment line. Unstreamed answers and Gemini's JSON-array stream
-        have no keep-alive.
+        Anthropic: a ``ping`` event (after :meth:`head`, as the real API sends it).
+        Responses and Chat Completions: an SSE comment line. Gemini has no keep-alive
+        event, and its SDK (``@google/genai``) takes only ``data:`` lines, failing the
+        call on anything else left over, comments included; it skips whitespace before
+        ``data:``, so a Gemini SSE stream gets a bare newline. Unstreamed answers and
+        Gemini's JSON-array stream get nothing.
         """
         if not self.request.sse:
             return b""
         if self.request.api == "anthropic":
             return _sse("ping", {"type": "ping"})
+        if self.request.api == "gemini":
+            return b"\n"
         return _SSE_KEEPALIVE
 
     def body(self, completion: Completion, usage: Usage | None = None) -> bytes:
