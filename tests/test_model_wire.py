@@ -265,6 +265,16 @@ def test_invalid_messages_say_why(message: dict[str, Any], reason: str) -> None:
         parse_action(json.dumps(message), tool_names={"add"})
 
 
+def test_stop_reason_follows_the_calls() -> None:
+    call = {"name": "add", "arguments": {}}
+    with_call = {"content": "", "tool_calls": [call], "stop_reason": "end_turn"}
+    assert parse_action(json.dumps(with_call), tool_names={"add"}).stop_reason == "tool_calls"
+    without = {"content": "x", "stop_reason": "tool_use"}
+    assert parse_action(json.dumps(without)).stop_reason == "stop"
+    truncated = {"content": "x", "stop_reason": "MAX_TOKENS"}
+    assert parse_action(json.dumps(truncated)).stop_reason == "length"
+
+
 def test_bounds() -> None:
     limits = ActionLimits(max_chars=100, max_depth=4, max_tool_calls=1, max_trace=2)
     with pytest.raises(InvalidAction, match="over the limit of 100"):

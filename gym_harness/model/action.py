@@ -291,8 +291,13 @@ def _stop_reason(raw: Any, has_calls: bool) -> str:
             "spelling of one: end_turn, max_tokens, tool_use, ...)"
         )
     reason = _STOP_ALIASES[raw.lower()]
-    # A harness runs tool calls only under its API's tool stop reason.
-    return "tool_calls" if has_calls and reason == "stop" else reason
+    # A harness runs tool calls only under its API's tool stop reason, and waits for
+    # tool calls under it: the reason follows the calls actually made.
+    if reason == "stop" and has_calls:
+        return "tool_calls"
+    if reason == "tool_calls" and not has_calls:
+        return "stop"
+    return reason
 
 
 def _trace(

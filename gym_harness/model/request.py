@@ -20,7 +20,6 @@ tool whatever the wire API:
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -226,7 +225,7 @@ def _flat_item(item: Any) -> Any:
         return {**item, "name": _flat(str(item["namespace"]), str(item.get("name") or ""))}
     if item.get("type") == "custom_tool_call":
         arguments = json.dumps({_CUSTOM_INPUT: item.get("input", "")})
-        return {**copy.copy(item), "type": "function_call", "arguments": arguments}
+        return {**item, "type": "function_call", "arguments": arguments}
     return item
 
 
