@@ -3,9 +3,10 @@
 Test scaffolding for model mode before the env serves it itself: every model call a
 harness makes is read with :func:`read_request`, handed to a policy (observation dict
 -> action str), checked with :func:`parse_action` and answered with
-:class:`AnswerWriter`. A streamed answer opens at once (the writer's head), sends
-``keepalives`` keep-alive events ``pause_s`` apart while "the policy thinks", then the
-body, so a real CLI sees the same bytes a slow policy would produce.
+:class:`AnswerWriter`. A streamed answer opens before the policy is asked (the writer's
+head), sends ``keepalives`` keep-alive events ``pause_s`` apart, then the body, so a real
+CLI sees the bytes a slow policy would produce; an invalid action ends a started stream
+with the writer's ``fail()`` and an unstreamed call with status 500.
 
 Threads: ``ThreadingHTTPServer`` runs one thread per connection; the call log sits
 behind a lock. ``stop()`` shuts the server and joins its threads, bounded.
@@ -108,30 +109,31 @@ class ModelEndpoint:
             _send(h, *_other(h.command, path))
             return
         observation = request.observation()
-        action = self.policy(observation)
         writer = AnswerWriter(request)
+        if request.sse:  # open the stream before the policy answers, as a slow policy needs
+            h.send_response(200)
+            h.send_header("Content-Type", writer.content_type)
+            h.send_header("Cache-Control", "no-cache")
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            _chunk(h, writer.head())
+        action = self.policy(observation)
         try:
-            completion: Completion | None = parse_action(
-                action, api=request.api, tool_names=request.tool_names
-            )
+            completion = parse_action(action, api=request.api, tool_names=request.tool_names)
         except InvalidAction as exc:
             self._log(Call(observation, action, None, str(exc), b""))
-            body = json.dumps(error_body(request.api, 500, str(exc))).encode()
-            _send(h, 500, body)
+            if request.sse:
+                _chunk(h, writer.fail(str(exc)))
+                h.wfile.write(b"0\r\n\r\n")
+            else:
+                _send(h, 500, json.dumps(error_body(request.api, 500, str(exc))).encode())
             return
-        assert completion is not None
-        if not request.stream:
+        if not request.sse:
             data = writer.body(completion)
             self._log(Call(observation, action, completion, "", data))
             _send(h, 200, data)
             return
-        h.send_response(200)
-        h.send_header("Content-Type", writer.content_type)
-        h.send_header("Cache-Control", "no-cache")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
-        sent = [writer.head()]
-        _chunk(h, sent[0])
+        sent = []
         for _ in range(self.keepalives):
             time.sleep(self.pause_s)
             sent.append(writer.keepalive())

@@ -457,6 +457,16 @@ def test_policy_trace_never_reaches_the_wire() -> None:
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_error_bodies(api: str) -> None:
+def test_error_bodies_and_failed_streams(api: str) -> None:
     body = error_body(api, 500, "policy failed")
     assert "policy failed" in json.dumps(body)
+    writer = AnswerWriter(make_request(api, [], stream=True))
+    (event,) = parse_sse(writer.fail("policy failed"))
+    assert "policy failed" in event.data
+    assert event.event == {"anthropic": "error", "responses": "response.failed"}.get(api, "")
+    record = read_back(writer.request, "text/event-stream", writer.head() + writer.fail("x"))
+    assert record["text"] == "" and record["tool_calls"] == []
+    if api in ("anthropic", "responses"):  # the capture parser sees the failure too
+        assert record["stop_reason"] in ("error", "failed")
+    unstreamed = AnswerWriter(make_request(api, [], stream=False))
+    assert json.loads(unstreamed.fail("policy failed")) == body

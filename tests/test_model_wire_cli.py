@@ -106,3 +106,37 @@ def test_cli_runs_the_tool_call_we_wrote_and_takes_our_text(
     assert "42" in result["content"]
     last = served[-1]
     assert last.completion is not None and not last.completion.tool_calls
+
+
+def failing_first(observation: dict[str, Any], seen: list[int]) -> str:
+    """An action naming a tool nobody offered on the first main call, then the adding policy."""
+    if env_tool(observation) and not seen:
+        seen.append(1)
+        return json.dumps({"tool_calls": [{"name": "nope", "arguments": {}}]})
+    return adding_policy(observation)
+
+
+@real_cli(timeout=150)
+@pytest.mark.parametrize("cli", ["claude", "codex"])
+def test_a_stream_ended_by_fail_is_an_api_error_to_the_cli(
+    cli: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_VAR.get(cli, "OPENAI_API_KEY"), "test-key")
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    seen: list[int] = []
+    with ModelEndpoint(lambda obs: failing_first(obs, seen), keepalives=1) as served:
+        calls = Calls()
+        env = cli_env(harness_for(cli, served.base_url), calls, startup_timeout_s=60)
+        try:
+            env.reset()
+            reply, _, terminated, truncated, info = env.step(PROMPT)
+        finally:
+            env.close()
+        errors = [c.error for c in served.calls() if c.error]
+    assert len(errors) == 1 and "'nope'" in errors[0]
+    if cli == "claude":  # Claude Code retries an API error event, and the retry goes on
+        assert (terminated, truncated, info["error_type"]) == (False, False, ""), info
+        assert calls.seen == [(20, 22)] and "42" in reply
+    else:  # Codex (stream_max_retries = 0) fails the turn with our reason
+        assert (terminated, info["error_type"]) == (True, "harness_error"), info
+        assert "'nope'" in info["error"] and calls.seen == []

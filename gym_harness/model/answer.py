@@ -115,6 +115,39 @@ class AnswerWriter:
         head = self.head()
         return head + self._frame(STREAMS[api](self, completion, usage))
 
+    def fail(self, message: str) -> bytes:
+        """End a stream that already started with an error the harness's SDK raises.
+
+        Anthropic: an ``error`` event; Responses: a ``response.failed`` event; Chat
+        Completions and Gemini SSE: a data chunk holding an ``error`` object (their SDKs
+        raise on it). An answer that is no SSE stream has sent nothing yet: this returns
+        :func:`error_body`, to be sent with status 500.
+
+        Args:
+            message: What went wrong.
+        """
+        api = self.request.api
+        body = error_body(api, 500, message)
+        if not self.request.sse:
+            return json.dumps(body).encode()
+        if api == "anthropic":
+            return _sse("error", body)
+        if api == "responses":
+            failed = {
+                "id": self.answer_id,
+                "object": "response",
+                "created_at": self.created,
+                "status": "failed",
+                "model": self.request.model,
+                "output": [],
+                "usage": None,
+                "error": {"code": "server_error", "message": message},
+                "incomplete_details": None,
+            }
+            data = {"type": "response.failed", "response": failed}
+            return _sse("response.failed", {**data, "sequence_number": self.next_sequence()})
+        return _sse(None, body)
+
     # -- framing -------------------------------------------------------------------------------
 
     def _frame(self, events: list[Event]) -> bytes:
