@@ -206,7 +206,7 @@ KEYS = st.sampled_from(
 
 
 @given(st.sampled_from(APIS), st.dictionaries(KEYS, JSON, max_size=5))
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_json_body_reads_or_is_refused_never_raises(api: str, body: dict[str, Any]) -> None:
     path = make_body(api, [], False)[0]
     request = read_request(path, json.dumps(body).encode())
@@ -310,7 +310,7 @@ def test_bounds() -> None:
         ),
     )
 )
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_action_is_a_completion_or_invalid(action: str) -> None:
     try:
         completion = parse_action(action, tool_names={"add"})
@@ -338,7 +338,7 @@ CALLS = st.lists(st.tuples(NAMES, ARGS), max_size=3)
     calls=CALLS,
     keepalives=st.integers(0, 2),
 )
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_round_trip(
     api: str, stream: bool, content: str, calls: list[tuple[str, Any]], keepalives: int
 ) -> None:
