@@ -1,0 +1,50 @@
+"""Model mode's wire layer: a harness's model request in, the policy's completion out.
+
+The three steps of one model call, each pure and bounded:
+
+* :func:`read_request` turns what the harness sent (path, query, body) into a
+  :class:`ModelRequest`, whose :meth:`~ModelRequest.observation` is the policy's
+  observation (``request_id``, ``api``, ``model``, ``messages``, ``tools``,
+  ``sampling``, ``stream``).
+* :func:`parse_action` checks the policy's action string against that request and
+  returns a :class:`Completion`, or raises :class:`InvalidAction` with the reason.
+* :class:`AnswerWriter` (or :func:`encode_answer`) writes the completion in the
+  request's wire format, streamed or not, with the API's keep-alive for a slow policy.
+
+Example:
+    >>> req = read_request("/v1/chat/completions", b'{"model": "m", "messages": '
+    ...     b'[{"role": "user", "content": "hi"}]}', request_id="r1")
+    >>> completion = parse_action("hello", api=req.api, tool_names=req.tool_names)
+    >>> encode_answer(req, completion)[0]
+    'application/json'
+"""
+
+from gym_harness.model.action import (
+    STOP_REASONS,
+    ActionLimits,
+    Completion,
+    InvalidAction,
+    ToolCall,
+    new_call_id,
+    parse_action,
+)
+from gym_harness.model.answer import AnswerWriter, Usage, encode_answer, error_body
+from gym_harness.model.request import MAX_REQUEST_BYTES, ModelRequest, WireTool, read_request
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "STOP_REASONS",
+    "ActionLimits",
+    "AnswerWriter",
+    "Completion",
+    "InvalidAction",
+    "ModelRequest",
+    "ToolCall",
+    "Usage",
+    "WireTool",
+    "encode_answer",
+    "error_body",
+    "new_call_id",
+    "parse_action",
+    "read_request",
+]
