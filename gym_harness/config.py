@@ -48,6 +48,9 @@ class HarnessConfig:
         stderr_tail_lines: How many stderr lines are kept for error reports.
         max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
         allow_plain_text: Treat non-JSON stdout lines as text instead of a protocol error.
+        cgroup: Also put the harness's tree in a cgroup v2 of its own, ended with
+            ``cgroup.kill``, where this process may create cgroups (root, or a
+            delegated subtree); elsewhere the keeper's subreaper alone contains it.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -70,6 +73,7 @@ class HarnessConfig:
     stderr_tail_lines: int = 50
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
+    cgroup: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -93,10 +97,11 @@ class HarnessConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
-        if not isinstance(self.allow_plain_text, bool):
-            raise ConfigError(
-                f"HarnessConfig.allow_plain_text must be a bool, got {self.allow_plain_text!r}."
-            )
+        for name in ("allow_plain_text", "cgroup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
+                )
 
     def replace(self, **changes: Any) -> HarnessConfig:
         """Return a copy with ``changes`` applied (validated like the original).

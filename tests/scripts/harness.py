@@ -54,24 +54,29 @@ def echo() -> None:
 def family() -> None:
     pids = [os.getpid()]
     read_end, write_end = os.pipe()
+
+    def report(role: int) -> None:
+        os.write(write_end, f"{role} {os.getpid()}\n".encode())
+
     if os.fork() == 0:  # child, same process group
         if os.fork() == 0:  # grandchild in its own session
             os.setsid()
-            os.write(write_end, f"{os.getpid()}\n".encode())
+            report(2)
             linger()
-        if os.fork() == 0:  # double fork: the daemon is re-parented to PID 1
+        if os.fork() == 0:  # double fork: the daemon is re-parented (to the keeper)
             os.setsid()
             if os.fork() == 0:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                os.write(write_end, f"{os.getpid()}\n".encode())
+                report(3)
                 linger()
             os._exit(0)
-        os.write(write_end, f"{os.getpid()}\n".encode())
+        report(1)
         linger()
     with os.fdopen(read_end) as reader:
-        pids += [int(reader.readline()) for _ in range(3)]
+        roles = sorted(reader.readline().split() for _ in range(3))
+    pids += [int(pid) for _, pid in roles]
     ready()
     say(json.dumps({"pids": pids}).encode())
     linger()

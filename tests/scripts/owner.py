@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from gym_harness import _keeper
 from gym_harness.config import HarnessConfig
 from gym_harness.process import HarnessProcess
 
@@ -21,7 +20,7 @@ def main() -> None:
     proc = HarnessProcess(HarnessConfig(command=(sys.executable, str(SCRIPT), "family")))
     proc.start(lambda line: "ready" in line)
     family = json.loads(proc.read_line(10) or "{}")["pids"]
-    print(json.dumps({"family": family, "keeper": _keeper.keeper.pid}), flush=True)
+    print(json.dumps({"family": family, "keeper": proc.keeper_pid}), flush=True)
     time.sleep(60)  # bounded: the test kills us long before this
 
 
