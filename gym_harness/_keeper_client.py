@@ -162,8 +162,8 @@ class KeeperClient:
         if reply[0] != "spawned":
             for fd in ours:
                 os.close(fd)
-            code, text = reply[1:3]
-            raise OSError(code or None, str(text))
+            errno, text = reply[1:3]
+            raise OSError(errno or None, str(text))
         pid = int(reply[1])  # type: ignore[call-overload]
         child = Child(pid, ours, str(reply[2]), marker, self)
         with self._send_lock:

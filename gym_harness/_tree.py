@@ -46,9 +46,8 @@ def end(child: Child, grace_s: float) -> None:
 
     Falls back to ``end_lost`` when the keeper is gone or does not answer.
     """
-    if not child.keeper.end(grace_s):
-        if child.returncode is None:  # the watcher has not ended it yet
-            end_lost(child.pid, child.marker, child.cgroup)
+    if not child.keeper.end(grace_s) and child.returncode is None:  # nor did the watcher
+        end_lost(child.pid, child.marker, child.cgroup)
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=_REAP_WAIT_S)
 
@@ -56,9 +55,8 @@ def end(child: Child, grace_s: float) -> None:
 def end_lost(pid: int, marker: str, cgroup: str) -> None:
     """SIGKILL what can be found of a tree whose keeper died; remove its cgroup. Never raises."""
     if cgroup:
-        with contextlib.suppress(OSError):
-            with open(f"{cgroup}/cgroup.kill", "w") as f:
-                f.write("1")
+        with contextlib.suppress(OSError), open(f"{cgroup}/cgroup.kill", "w") as f:
+            f.write("1")
     deadline = time.monotonic() + _LOST_KILL_S
     while True:
         found = _lost_members(pid, marker, cgroup)
@@ -117,9 +115,8 @@ def _lost_members(root: int, marker: str, cgroup: str) -> list[int]:
     if root in table:
         members.add(root)
     if cgroup:
-        with contextlib.suppress(OSError):
-            with open(f"{cgroup}/cgroup.procs") as f:
-                members.update(int(line) for line in f if line.strip())
+        with contextlib.suppress(OSError), open(f"{cgroup}/cgroup.procs") as f:
+            members.update(int(line) for line in f if line.strip())
     members.update(marked_pids([marker]))
     members.discard(os.getpid())
     # Descendants of members are members.

@@ -319,7 +319,7 @@ class HarnessProcess:
                 if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
                     try:
                         with contextlib.suppress(OSError):
-                            popen.stdin.close()  # type: ignore[union-attr]
+                            popen.stdin.close()
                     finally:
                         self._stdin_lock.release()
             _live.discard(self)

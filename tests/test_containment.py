@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from test_process import SCRIPT, is_ready, running, wait_gone
 
+from gym_harness import _keeper
 from gym_harness.config import HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.process import HarnessProcess
@@ -112,6 +112,30 @@ def test_close_ends_a_hostile_tree_and_its_workspace(mode: str, tmp_path: Path) 
     assert not root.exists()
 
 
+def test_the_tree_gets_a_cgroup_of_its_own_where_one_is_writable(tmp_path: Path) -> None:
+    base = _keeper.cgroup_base()
+    if base is None:
+        pytest.skip("no writable cgroup v2 hierarchy here: the subreaper alone contains trees")
+    pidfile = tmp_path / "pids"
+    pidfile.touch()
+    with HarnessProcess(hostile_config("disguised", pidfile)) as proc:
+        proc.start(is_ready)
+        groups = set()
+        for pid in recorded(pidfile):
+            with open(f"/proc/{pid}/cgroup") as f:
+                groups.add(next(line for line in f if line.startswith("0::")).strip())
+        assert len(groups) == 1, groups  # the whole tree, setsid and setpgid included
+        path = base + groups.pop()[3:].removeprefix(_own_cgroup())
+        assert "/gym_harness-" in path and os.path.isdir(path)
+    assert not os.path.exists(path)  # removed with the tree
+    assert_tree_gone(pidfile, MINIMUM["disguised"])
+
+
+def _own_cgroup() -> str:
+    with open("/proc/self/cgroup") as f:
+        return next(line for line in f if line.startswith("0::"))[3:].strip().rstrip("/")
+
+
 def test_a_harness_that_removed_its_permissions_is_still_deleted(tmp_path: Path) -> None:
     env = HarnessEnv("command", command=[sys.executable, str(SCRIPT), "echo"])
     try:
@@ -161,12 +185,8 @@ def _nobody_prefix(workdir: Path) -> list[str] | str:
         'mount --bind "$1" "$3" && mount -t tmpfs -o mode=755 tmpfs "$2" && '
         'mkdir -p "$1" && mount --move "$3" "$1" && shift 3 && exec "$@"'
     )
-    return [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh"] + [
-        str(inner),
-        str(blocked),
-        str(stage),
-        *run_as,
-    ]
+    mount = [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+    return [*mount, str(inner), str(blocked), str(stage), *run_as]
 
 
 @pytest.fixture(params=["root", "nobody"])
