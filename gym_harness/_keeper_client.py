@@ -254,6 +254,12 @@ class _Watcher:
         thread = threading.Thread(target=self._run, name="gym-harness-keepers", daemon=True)
         thread.start()
 
+    def close_fds(self) -> None:
+        """In a forked child: close the wake-up pipe (the thread is gone)."""
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def add(self, keeper: KeeperClient) -> None:
         with self._lock:
             self._keepers.append(keeper)
@@ -392,7 +398,6 @@ class _Pool:
         """A keeper died unasked (the watcher thread calls this)."""
         child = keeper.child
         if child is not None and child.returncode is None:
-            child.keeper_lost = True
             logger.warning(
                 "gym_harness: the keeper (pid %d) of harness pid %d died while the harness "
                 "ran (did the harness kill it?); ending the harness's tree from the owner",
@@ -404,6 +409,7 @@ class _Pool:
             try:
                 _tree.end_lost(child.pid, child.marker, child.cgroup)
             finally:
+                child.keeper_lost = True  # once handled: then nothing of the tree is left
                 child.set_exit(LOST_CODE)
         with self.lock:
             if keeper in self.idle:
@@ -423,6 +429,8 @@ class _Pool:
                 keeper.sock.close()  # our copy only: the parent's keeper still sees EOF later
             with contextlib.suppress(OSError):
                 os.close(keeper.pidfd)
+        if self.watcher is not None:  # its thread did not survive the fork
+            self.watcher.close_fds()
         self._reset()
 
 

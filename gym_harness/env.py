@@ -256,7 +256,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             if proxy is not None:
                 proxy.stop()
             if self._root is not None and not self._keep:
-                from gym_harness.process import disown_path, remove_path
+                from gym_harness._workspaces import disown_path, remove_path
 
                 remove_path(self._root)
                 disown_path(self._root)
@@ -304,7 +304,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
         if self._root is None:
-            from gym_harness.process import hold_keeper, own_path
+            from gym_harness._workspaces import own_path
+            from gym_harness.process import hold_keeper
 
             hold_keeper()  # first, so that a keeper owns the workspaces from the start
             self._keeper_held = True
@@ -453,7 +454,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._proc = None
         self._runner = None
         if self._episode_dir is not None and not self._keep:
-            from gym_harness.process import remove_path
+            from gym_harness._workspaces import remove_path
 
             remove_path(self._episode_dir)
         self._episode_dir = None

@@ -1,15 +1,10 @@
 """HarnessProcess: spawn one harness, read its lines, stop its whole tree.
 
-The only place in gym_harness that starts processes. Every harness is forked
-by a keeper process of ours (``gym_harness._keeper``), a child subreaper, so
-that every process of its tree, orphans included, stays below the keeper
-whatever it does to its environment, session, group, name or argv; where a
-cgroup v2 hierarchy is writable the tree also gets a cgroup of its own. The
-keeper ends the tree on ``stop()`` and when the owner dies; the owner watches
-the keeper and ends the tree itself if the keeper dies (see
-``gym_harness._keeper_client``). Each harness runs in its own session with a
-scrubbed environment and a unique ``GYM_HARNESS_MARKER`` (a hint only: a
-harness can clear it).
+The only place in gym_harness that starts processes. Every harness is forked by
+a keeper process of ours, a child subreaper (and, where writable, into a cgroup
+of its own), which ends the whole tree on ``stop()`` and when the owner dies;
+the owner watches the keeper (``gym_harness._keeper``, ``_keeper_client``). Each
+harness runs in its own session with a scrubbed environment.
 
 Memory bounds: a line longer than ``max_line_bytes`` is cut while it is read
 (at most ``max_line_bytes`` of it is ever held). Stdout is read by the caller's
@@ -45,7 +40,7 @@ from typing import IO, NoReturn
 
 import psutil
 
-from gym_harness import _keeper, _keeper_client, _tree
+from gym_harness import _keeper_client, _tree
 from gym_harness._lines import READ_CHUNK, LineSplitter, read_batches
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
@@ -55,11 +50,8 @@ __all__ = [
     "SESSION_VAR",
     "HarnessProcess",
     "ProcessUsage",
-    "disown_path",
     "hold_keeper",
-    "own_path",
     "release_keeper",
-    "remove_path",
 ]
 
 #: Unique per harness; its processes inherit it unless they clear their environment.
@@ -246,11 +238,8 @@ class HarnessProcess:
 
     @property
     def keeper_lost(self) -> bool:
-        """True if the keeper died while the harness ran (a harness can kill it).
-
-        The owner then ended the harness's tree itself, logged a warning on the
-        ``gym_harness.process`` logger, and notes it at the end of ``stderr_tail()``.
-        """
+        """True if the keeper died while the harness ran (the owner then ended the tree,
+        logged a warning on ``gym_harness.process``, and says so in ``stderr_tail()``)."""
         return self._popen is not None and self._popen.keeper_lost
 
     @property
@@ -529,37 +518,6 @@ def hold_keeper() -> None:
 def release_keeper() -> None:
     """Undo one ``hold_keeper``; idle keepers beyond what holds need exit. Never raises."""
     _keeper_client.unhold()
-
-
-def own_path(path: str | os.PathLike[str]) -> None:
-    """Have the keepers delete ``path`` should this process die before ``disown_path``.
-
-    The deletion happens after the keeper has ended its harness's tree, so no
-    harness writes into the directory meanwhile. Used for episode workspaces.
-
-    Raises:
-        HarnessStartError: No keeper process could be started to own it.
-    """
-    try:
-        _keeper_client.own(os.path.abspath(path))
-    except OSError as exc:
-        raise HarnessStartError(
-            f"Could not start a keeper process to own {str(path)!r}: {exc}."
-        ) from exc
-
-
-def disown_path(path: str | os.PathLike[str]) -> None:
-    """Undo ``own_path`` (the caller deleted ``path`` or keeps it). Never raises."""
-    _keeper_client.disown(os.path.abspath(path))
-
-
-def remove_path(path: str | os.PathLike[str]) -> None:
-    """Delete a directory tree a harness wrote, even where it removed our permissions.
-
-    Never raises.
-    """
-    with contextlib.suppress(OSError):
-        _keeper.remove_tree(os.fspath(path))
 
 
 _live: weakref.WeakSet[HarnessProcess] = weakref.WeakSet()

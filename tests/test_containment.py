@@ -298,7 +298,7 @@ def test_vector_close_terminate_leaves_no_workspace(owner_user: tuple[list[str],
 LOCK_AND_REMOVE = """
 import os, sys
 from pathlib import Path
-from gym_harness.process import remove_path
+from gym_harness._workspaces import remove_path
 root = Path(sys.argv[1]) / "gym_harness-locked"
 locked = root / "ep" / "workspace" / "locked" / "deeper"
 locked.mkdir(parents=True)
