@@ -61,6 +61,7 @@ configs = st.builds(
     stderr_tail_lines=st.integers(min_value=1, max_value=10_000),
     max_line_bytes=st.integers(min_value=1, max_value=1 << 30),
     allow_plain_text=st.booleans(),
+    cgroup=st.booleans(),
 )
 events = st.builds(
     HarnessEvent,
@@ -110,6 +111,7 @@ def test_config_round_trips_through_json(config: HarnessConfig) -> None:
         ({"stderr_tail_lines": True}, "stderr_tail_lines"),
         ({"max_line_bytes": 0}, "max_line_bytes"),
         ({"allow_plain_text": "yes"}, "allow_plain_text"),
+        ({"cgroup": 1}, "cgroup"),
         ({"no_such_field": 1}, "no_such_field"),
     ],
 )
