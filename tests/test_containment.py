@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,7 @@ def test_stop_ends_a_hostile_tree(mode: str, cgroup: bool, tmp_path: Path) -> No
 def test_close_ends_a_hostile_tree_and_its_workspace(mode: str, tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     pidfile.touch()
+    readers = _stderr_readers()
     env = HarnessEnv("command", command=list(hostile_config(mode, pidfile).command))
     try:
         env.reset(seed=0)
@@ -110,6 +112,16 @@ def test_close_ends_a_hostile_tree_and_its_workspace(mode: str, tmp_path: Path) 
         env.close()
     assert_tree_gone(pidfile, MINIMUM[mode])
     assert not root.exists()
+    # Nothing of the tree holds the stderr pipe open, so its reader thread ends.
+    for _ in range(200):  # bounded: about 2 s
+        if _stderr_readers() <= readers:
+            break
+        time.sleep(0.01)
+    assert _stderr_readers() <= readers
+
+
+def _stderr_readers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "gym-harness-stderr")
 
 
 def test_the_tree_gets_a_cgroup_of_its_own_where_one_is_writable(tmp_path: Path) -> None:
