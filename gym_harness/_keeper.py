@@ -10,9 +10,10 @@ to find its processes. Instead the keeper, this file run as a stdlib-only script
   harness, so every process of the tree, orphans included, stays a descendant
   of the keeper: the tree is "every descendant of the keeper", found by parent
   links in ``/proc``, and the keeper hosts one harness at a time;
-* where a cgroup v2 hierarchy is writable, also starts each harness in a fresh
-  cgroup of its own and ends it with ``cgroup.kill`` (atomic, even against a
-  process that forks without pause);
+* where a cgroup v2 hierarchy is writable, also forks each harness straight
+  into a fresh cgroup of its own (``clone3`` with ``CLONE_INTO_CGROUP``) and
+  ends it with ``cgroup.kill`` (atomic, even against a process that forks
+  without pause);
 * gives the harness ``PR_SET_PDEATHSIG=SIGKILL`` relative to itself (through
   util-linux's ``setpriv``, so the spawn needs no code between fork and exec),
   so a harness that kills its keeper dies with it;
@@ -31,7 +32,7 @@ stdout and stderr as SCM_RIGHTS file descriptors. Owner -> keeper:
 cgroup_dir)``, ``("error", errno, text)``, ``("exit", pid, code)`` (the harness's
 own exit, as a Popen returncode), ``("ended", code)``.
 
-Linux only (``/proc``, prctl, posix_spawn).
+Linux only (``/proc``, prctl, posix_spawn, pidfds in the owner).
 """
 
 from __future__ import annotations
