@@ -66,7 +66,8 @@ def end_lost(pid: int, marker: str, cgroup: str) -> None:
         if not found or time.monotonic() > deadline:
             break
         time.sleep(0.01)  # the killed may have forked: look again
-    if cgroup:
+    if cgroup:  # it empties as the killed finish exiting: give that its own bound
+        deadline = time.monotonic() + _LOST_KILL_S
         while True:
             try:
                 os.rmdir(cgroup)

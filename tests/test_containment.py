@@ -91,6 +91,9 @@ def test_stop_ends_a_hostile_tree(mode: str, cgroup: bool, tmp_path: Path) -> No
         proc.stop()
     assert_tree_gone(pidfile, MINIMUM[mode])
     assert wait_gone([keeper]) == []
+    base = _keeper.cgroup_base()
+    if base is not None:  # its cgroup went with it (or none was made)
+        assert not list(Path(base).glob(f"gym_harness-{keeper}-*"))
 
 
 @pytest.mark.timeout(60)
