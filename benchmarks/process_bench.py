@@ -1,8 +1,13 @@
 """Spawn-to-ready time and line round-trip time: HarnessProcess beside a bare Popen.
 
 Both drive the same echo script (tests/scripts/harness.py echo: prints
-{"type":"ready"}, then echoes each line). Bare and HarnessProcess runs alternate,
-so machine noise hits both alike; prints medians and their ratios.
+{"type":"ready"}, then echoes each line). Bare and HarnessProcess runs alternate
+within each round, so machine noise hits both alike; prints medians and their ratios.
+
+A HarnessProcess is forked by a keeper process (``gym_harness._keeper``). Two
+spawn figures: with the keeper held between harnesses (``hold_keeper``, what an
+env does across resets: the figure of record), and cold (no hold: each harness
+starts its own keeper first, ~one bare Python start-up more).
 
     python benchmarks/process_bench.py [--spawns 30] [--round-trips 2000]
 """
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gym_harness.config import HarnessConfig
-from gym_harness.process import HarnessProcess
+from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "harness.py"
 ECHO = (sys.executable, str(SCRIPT), "echo")
@@ -86,6 +91,21 @@ def spawn_ours() -> float:
     return elapsed
 
 
+def spawn_rounds(runs: int) -> tuple[float, float, float]:
+    """Medians of bare, held-keeper and cold-keeper spawns, interleaved per round."""
+    bare, held, cold = [], [], []
+    for _ in range(runs):
+        bare.append(spawn_bare())
+        cold.append(spawn_ours())  # no hold: the keeper starts with this harness
+        hold_keeper()
+        try:
+            OurEcho().close()  # untimed: leaves an idle keeper
+            held.append(spawn_ours())
+        finally:
+            release_keeper()
+    return statistics.median(bare), statistics.median(held), statistics.median(cold)
+
+
 def interleaved(
     bare: Callable[[], float], ours: Callable[[], float], runs: int
 ) -> tuple[float, float]:
@@ -102,8 +122,8 @@ def main() -> None:
     parser.add_argument("--spawns", type=int, default=30)
     parser.add_argument("--round-trips", type=int, default=2000)
     args = parser.parse_args()
-    interleaved(spawn_bare, spawn_ours, 2)  # warm up: spawner thread, imports, page cache
-    spawn = [t * 1e3 for t in interleaved(spawn_bare, spawn_ours, args.spawns)]
+    spawn_rounds(2)  # warm up: watcher thread, imports, page cache
+    bare_ms, held_ms, cold_ms = (t * 1e3 for t in spawn_rounds(args.spawns))
     bare, ours = BareEcho(), OurEcho()
     try:
         trip = [t * 1e6 for t in interleaved(bare.round_trip, ours.round_trip, args.round_trips)]
@@ -112,12 +132,13 @@ def main() -> None:
         ours.close()
     print(f"$ python {' '.join(sys.argv)}")
     print(f"echo harness: python {SCRIPT} echo")
-    print(f"{'median':<30}{'bare Popen':>12}{'HarnessProcess':>16}{'ratio':>8}")
+    print(f"{'median':<34}{'bare Popen':>12}{'HarnessProcess':>16}{'ratio':>8}")
     for name, (b, o) in (
-        (f"spawn to ready, ms (n={args.spawns})", spawn),
+        (f"spawn to ready, ms (n={args.spawns})", (bare_ms, held_ms)),
+        ("  cold: keeper started too, ms", (bare_ms, cold_ms)),
         (f"line round trip, us (n={args.round_trips})", trip),
     ):
-        print(f"{name:<30}{b:>12.2f}{o:>16.2f}{o / b:>8.2f}")
+        print(f"{name:<34}{b:>12.2f}{o:>16.2f}{o / b:>8.2f}")
 
 
 if __name__ == "__main__":

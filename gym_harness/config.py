@@ -55,6 +55,9 @@ class HarnessConfig:
             once; one more ``initialize`` gets a JSON-RPC error (open ones keep working).
         tool_workers: Threads the bridge runs sync env tools on, at most; a call that
             finds them all taken waits within ``tool_timeout_s``, then gets a "busy" error.
+        cgroup: Also put the harness's tree in a cgroup v2 of its own, ended with
+            ``cgroup.kill``, where this process may create cgroups (root, or a
+            delegated subtree); elsewhere the keeper's subreaper alone contains it.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -80,6 +83,7 @@ class HarnessConfig:
     capture_max_bytes: int = 4 * 1024 * 1024
     max_mcp_sessions: int = 64
     tool_workers: int = 32
+    cgroup: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -109,10 +113,11 @@ class HarnessConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
-        if not isinstance(self.allow_plain_text, bool):
-            raise ConfigError(
-                f"HarnessConfig.allow_plain_text must be a bool, got {self.allow_plain_text!r}."
-            )
+        for name in ("allow_plain_text", "cgroup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
+                )
 
     def replace(self, **changes: Any) -> HarnessConfig:
         """Return a copy with ``changes`` applied (validated like the original).

@@ -255,13 +255,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
             proxy, self._proxy = self._proxy, None
             if proxy is not None:
                 proxy.stop()
+            if self._root is not None and not self._keep:
+                from gym_harness._workspaces import disown_path, remove_path
+
+                remove_path(self._root)
+                disown_path(self._root)
             if self._keeper_held:
                 from gym_harness.process import release_keeper
 
                 self._keeper_held = False
                 release_keeper()
-            if self._root is not None and not self._keep:
-                shutil.rmtree(self._root, ignore_errors=True)
 
     # ----------------------------------------------------------------- orchestrator
 
@@ -301,7 +304,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
         if self._root is None:
+            from gym_harness._workspaces import own_path
+            from gym_harness.process import hold_keeper
+
+            hold_keeper()  # first, so that a keeper owns the workspaces from the start
+            self._keeper_held = True
             self._root = Path(tempfile.mkdtemp(prefix="gym_harness-"))
+            if not self._keep:  # the keeper deletes it if this process dies
+                own_path(self._root)
         episode_dir = self._root / episode_id
         workspace, home = episode_dir / "workspace", episode_dir / "home"
         if self._template is not None:
@@ -451,7 +461,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._proc = None
         self._runner = None
         if self._episode_dir is not None and not self._keep:
-            shutil.rmtree(self._episode_dir, ignore_errors=True)
+            from gym_harness._workspaces import remove_path
+
+            remove_path(self._episode_dir)
         self._episode_dir = None
 
 

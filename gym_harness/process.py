@@ -1,10 +1,10 @@
 """HarnessProcess: spawn one harness, read its lines, stop its whole tree.
 
-The only place in gym_harness that starts processes. Every harness runs in its
-own session with a scrubbed environment, is tagged with a unique
-``GYM_HARNESS_MARKER`` so that stop() (and the keeper, when the owner dies) can
-find every process of its tree, even daemons re-parented to PID 1, and dies
-with its owner (see ``gym_harness._keeper``).
+The only place in gym_harness that starts processes. Every harness is forked by
+a keeper process of ours, a child subreaper (and, where writable, into a cgroup
+of its own), which ends the whole tree on ``stop()`` and when the owner dies;
+the owner watches the keeper (``gym_harness._keeper``, ``_keeper_client``). Each
+harness runs in its own session with a scrubbed environment.
 
 Memory bounds: a line longer than ``max_line_bytes`` is cut while it is read
 (at most ``max_line_bytes`` of it is ever held). Stdout is read by the caller's
@@ -40,7 +40,7 @@ from typing import IO, NoReturn
 
 import psutil
 
-from gym_harness import _keeper, _tree
+from gym_harness import _keeper_client, _tree
 from gym_harness._lines import READ_CHUNK, LineSplitter, read_batches
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
@@ -54,14 +54,13 @@ __all__ = [
     "release_keeper",
 ]
 
-#: Unique per harness; every process of its tree inherits it.
-MARKER_VAR = _keeper.MARKER_VAR
+#: Unique per harness; its processes inherit it unless they clear their environment.
+MARKER_VAR = _tree.MARKER_VAR
 #: Sweep tag forwarded from our environment when set (the test guard finds strays by it).
-SESSION_VAR = _keeper.SESSION_VAR
+SESSION_VAR = _keeper_client.SESSION_VAR
 
 _STDERR_LINE_CAP = 64 * 1024
 _MIN_QUEUE_BYTES = 1 << 20
-_PIPE_BUFFER = 64 * 1024
 _EXIT_CHECK_S = 0.1
 _JOIN_S = 0.5
 
@@ -95,8 +94,9 @@ class HarnessProcess:
     (``write_line``) and stdout (``read_line`` reads, cuts and decodes lines
     itself; call the two from one thread at a time). The stderr reader thread
     owns the stderr pipe and the tail. Output on either stream updates
-    ``last_activity``. All harnesses of a process are forked by one shared
-    spawner thread (``gym_harness._keeper``).
+    ``last_activity``. The harness is forked by a keeper process of ours
+    (``keeper_pid``), which ends its tree; the owner's watcher thread records
+    its exit code and notices if the keeper dies (``keeper_lost``).
 
     Args:
         config: How to start, feed and stop the harness.
@@ -120,7 +120,8 @@ class HarnessProcess:
         self._state = _State.NEW
         self._lock = threading.Lock()
         self._stdin_lock = threading.Lock()
-        self._popen: subprocess.Popen[bytes] | None = None
+        self._popen: _keeper_client.Child | None = None
+        self._keeper: _keeper_client.KeeperClient | None = None
         self._splitter = LineSplitter(config.max_line_bytes)
         self._lines: deque[tuple[str, int]] = deque()  # read from stdout, not yet returned
         self._stdout_fd: int | None = None  # None once stdout hit EOF or was closed
@@ -231,6 +232,17 @@ class HarnessProcess:
         return self._popen.pid if self._popen is not None else None
 
     @property
+    def keeper_pid(self) -> int | None:
+        """The pid of the keeper process that parents this harness; ``None`` before ``start``."""
+        return self._keeper.pid if self._keeper is not None else None
+
+    @property
+    def keeper_lost(self) -> bool:
+        """True if the keeper died while the harness ran (the owner then ended the tree,
+        logged a warning on ``gym_harness.process``, and says so in ``stderr_tail()``)."""
+        return self._popen is not None and self._popen.keeper_lost
+
+    @property
     def returncode(self) -> int | None:
         """The exit code (``-N`` for signal N); ``None`` while running or before ``start``."""
         return self._popen.poll() if self._popen is not None else None
@@ -242,11 +254,17 @@ class HarnessProcess:
     def stderr_tail(self) -> str:
         """Return the last ``stderr_tail_lines`` lines of stderr, joined by newlines."""
         with self._stderr_lock:
-            return "\n".join(self._stderr)
+            tail = "\n".join(self._stderr)
+        if self.keeper_lost:
+            note = "[gym_harness] the keeper process died mid-episode; the harness tree was ended"
+            tail = f"{tail}\n{note}" if tail else note
+        return tail
 
     def usage(self) -> ProcessUsage:
         """Return the summed memory and CPU of every live process of the tree."""
         rss, cpu, count = 0, 0.0, 0
+        if self._state is not _State.RUNNING:
+            return ProcessUsage(rss_bytes=0, cpu_seconds=0.0, num_processes=0)
         for proc in self._tree().values():
             try:
                 with proc.oneshot():
@@ -263,9 +281,10 @@ class HarnessProcess:
     def stop(self) -> None:
         """End the whole tree: SIGTERM, ``stop_grace_s``, SIGKILL, reap, close.
 
-        Reaches the process group, descendants that called setsid and orphans
-        carrying this harness's marker. Idempotent, never raises, and returns
-        within about ``stop_grace_s`` + 1 s.
+        Reaches every descendant of the harness's keeper (orphans re-parent to
+        it, whatever their session, group, name or environment) and, where
+        used, its cgroup. Idempotent, never raises, and returns within about
+        ``stop_grace_s`` + 1 s (a tree that keeps forking: a little longer).
         """
         with self._lock:
             if self._state is _State.STOPPED:
@@ -273,8 +292,8 @@ class HarnessProcess:
             self._state = _State.STOPPED
             popen = self._popen
             if popen is not None:
-                # stop() never raises; whatever survives an error dies with the keeper's sweep.
-                with contextlib.suppress(psutil.Error, OSError, subprocess.SubprocessError):
+                # stop() never raises; whatever survives an error dies with the keeper.
+                with contextlib.suppress(psutil.Error, OSError):
                     self._end_tree(popen)
                 deadline = time.monotonic() + _JOIN_S
                 for thread in self._readers:
@@ -289,11 +308,12 @@ class HarnessProcess:
                 if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
                     try:
                         with contextlib.suppress(OSError):
-                            popen.stdin.close()  # type: ignore[union-attr]
+                            popen.stdin.close()
                     finally:
                         self._stdin_lock.release()
             _live.discard(self)
-            _keeper.keeper.remove(self._marker)
+            if self._keeper is not None:
+                _keeper_client.release(self._keeper)
 
     def __enter__(self) -> HarnessProcess:
         return self
@@ -319,22 +339,22 @@ class HarnessProcess:
         env[MARKER_VAR] = self._marker
         self._state = _State.STOPPED  # until the spawn succeeds
         argv = self._resolve(env)
+        keeper = None
         try:
-            _keeper.keeper.add(self._marker)
-            popen = _keeper.spawn(argv, env=env, cwd=self.config.cwd, bufsize=_PIPE_BUFFER)
+            keeper = _keeper_client.acquire()
+            cwd = os.path.abspath(self.config.cwd or os.getcwd())
+            popen = keeper.spawn(argv, env, cwd, self.config.cgroup, self._marker)
         except OSError as exc:
-            _keeper.keeper.remove(self._marker)
+            if keeper is not None:
+                _keeper_client.release(keeper)
             raise HarnessStartError(
                 f"Could not start harness `{self._describe()}`: {exc}. "
                 "Check the command, its cwd and its permissions."
             ) from exc
-        assert popen.stdin is not None
+        self._keeper = keeper
         self._popen = popen
         self._state = _State.RUNNING
         _live.add(self)
-        # The marker is registered already; the pid only lets the keeper kill the group too.
-        with contextlib.suppress(OSError):
-            _keeper.keeper.add(self._marker, popen.pid)
         os.set_blocking(popen.stdin.fileno(), False)
         assert popen.stdout is not None
         self._stdout_fd = popen.stdout.fileno()
@@ -455,10 +475,10 @@ class HarnessProcess:
     # -- stop --------------------------------------------------------------
 
     def _tree(self) -> dict[int, psutil.Process]:
-        return _tree.snapshot(self._popen, self._marker)
+        return _tree.snapshot(self._popen)
 
-    def _end_tree(self, popen: subprocess.Popen[bytes]) -> None:
-        _tree.end(popen, self._marker, self.config.stop_grace_s)
+    def _end_tree(self, popen: _keeper_client.Child) -> None:
+        _tree.end(popen, self.config.stop_grace_s)
 
     def _crashed(self, what: str) -> HarnessCrashed:
         return HarnessCrashed(
@@ -486,17 +506,18 @@ def _reader(
 
 
 def hold_keeper() -> None:
-    """Keep the keeper process (parent-death protection) running between harnesses.
+    """Keep one keeper process ready between harnesses.
 
-    An owner that starts harness after harness (an env, across resets) holds it so
-    that each start does not launch a new keeper; ``release_keeper`` undoes one hold.
+    An owner that starts harness after harness (an env, across resets) holds one
+    so that each start does not launch a new keeper; ``release_keeper`` undoes
+    one hold. Without a hold, a harness's keeper exits when the harness stops.
     """
-    _keeper.keeper.hold()
+    _keeper_client.hold()
 
 
 def release_keeper() -> None:
-    """Undo one ``hold_keeper``; the keeper exits once no hold and no harness is left."""
-    _keeper.keeper.release()
+    """Undo one ``hold_keeper``; idle keepers beyond what holds need exit. Never raises."""
+    _keeper_client.unhold()
 
 
 _live: weakref.WeakSet[HarnessProcess] = weakref.WeakSet()

@@ -187,6 +187,10 @@ def test_invalid_utf8_is_replaced_not_fatal() -> None:
         assert proc.read_line(timeout_s=10) == "after"
         proc.write_line("ok")
         assert proc.read_line(timeout_s=10) == "ok"
+        # stderr is drained by its own thread: its line may land after stdout's.
+        deadline = time.monotonic() + 5
+        while not proc.stderr_tail() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert proc.stderr_tail() == "err \ufffd\ufffd"
 
 

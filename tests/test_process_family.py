@@ -14,9 +14,8 @@ import psutil
 import pytest
 from test_process import SCRIPT, config, is_ready, running, wait_gone
 
-from gym_harness import _keeper
 from gym_harness.config import HarnessConfig
-from gym_harness.process import HarnessProcess
+from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
 
 OWNER = Path(__file__).parent / "scripts" / "owner.py"
 ROOT = Path(__file__).parent.parent
@@ -62,16 +61,33 @@ def test_family_dies_with_its_owner(sig: signal.Signals) -> None:
     assert wait_gone(pids, timeout_s=2.0) == []
 
 
-def test_keeper_lives_only_while_a_harness_does() -> None:
+def test_each_harness_has_its_own_keeper_which_parents_it_and_exits_with_it() -> None:
     first, second = HarnessProcess(config("echo")), HarnessProcess(config("echo"))
     first.start(is_ready)
     second.start(is_ready)
-    keeper = _keeper.keeper.pid
-    assert keeper is not None and running(keeper)
+    keepers = [first.keeper_pid, second.keeper_pid]
+    assert keepers[0] != keepers[1] and all(running(k) for k in keepers)  # type: ignore[arg-type]
+    assert psutil.Process(first.pid).ppid() == keepers[0]
+    assert psutil.Process(keepers[0]).ppid() == os.getpid()  # type: ignore[arg-type]
     first.stop()
-    assert _keeper.keeper.pid == keeper and running(keeper)
+    assert wait_gone([keepers[0]]) == [] and running(keepers[1])  # type: ignore[list-item,arg-type]
     second.stop()
-    assert _keeper.keeper.pid is None and not running(keeper)
+    assert wait_gone(keepers) == []  # type: ignore[arg-type]
+
+
+def test_a_held_keeper_serves_harness_after_harness() -> None:
+    hold_keeper()
+    try:
+        with HarnessProcess(config("echo")) as proc:
+            proc.start(is_ready)
+            keeper = proc.keeper_pid
+        assert keeper is not None and running(keeper)
+        with HarnessProcess(config("echo")) as proc:
+            proc.start(is_ready)
+            assert proc.keeper_pid == keeper
+    finally:
+        release_keeper()
+    assert wait_gone([keeper]) == []
 
 
 def _open_fds_and_threads() -> tuple[int, int]:

@@ -63,6 +63,7 @@ configs = st.builds(
     allow_plain_text=st.booleans(),
     max_mcp_sessions=st.integers(min_value=1, max_value=1 << 16),
     tool_workers=st.integers(min_value=1, max_value=1024),
+    cgroup=st.booleans(),
 )
 events = st.builds(
     HarnessEvent,
@@ -114,6 +115,7 @@ def test_config_round_trips_through_json(config: HarnessConfig) -> None:
         ({"allow_plain_text": "yes"}, "allow_plain_text"),
         ({"max_mcp_sessions": 0}, "max_mcp_sessions"),
         ({"tool_workers": 1.5}, "tool_workers"),
+        ({"cgroup": 1}, "cgroup"),
         ({"no_such_field": 1}, "no_such_field"),
     ],
 )

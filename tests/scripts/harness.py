@@ -12,6 +12,17 @@ bad_utf8      ready; invalid UTF-8 lines on stdout and stderr, then "after"
 long_line     ready; one 20 MB line, then "after"
 close_stdout  ready; on a line, close stdout and keep running
 env           ready; print {"env": environment, "cwd": working directory}
+
+Hostile modes take a second argument, PIDFILE: every process of the tree appends its
+pid to it, and the harness prints {"type":"ready"} once the whole tree is in place.
+All of them ignore SIGTERM.
+
+env_cleared   a double-forked, setsid daemon that execs with an empty environment
+disguised     a child in a new process group, and a grandchild in a new session
+              with a changed name (comm) and argv, exec'd with an empty environment
+keeper_killer a setsid grandchild, a double-forked daemon and 10 children; on its
+              first stdin line it SIGKILLs its parent (the keeper)
+fork_storm    a setsid child that forks a new child every 10 ms for 2 s
 """
 
 from __future__ import annotations
@@ -54,26 +65,126 @@ def echo() -> None:
 def family() -> None:
     pids = [os.getpid()]
     read_end, write_end = os.pipe()
+
+    def report(role: int) -> None:
+        os.write(write_end, f"{role} {os.getpid()}\n".encode())
+
     if os.fork() == 0:  # child, same process group
         if os.fork() == 0:  # grandchild in its own session
             os.setsid()
-            os.write(write_end, f"{os.getpid()}\n".encode())
+            report(2)
             linger()
-        if os.fork() == 0:  # double fork: the daemon is re-parented to PID 1
+        if os.fork() == 0:  # double fork: the daemon is re-parented (to the keeper)
             os.setsid()
             if os.fork() == 0:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                os.write(write_end, f"{os.getpid()}\n".encode())
+                report(3)
                 linger()
             os._exit(0)
-        os.write(write_end, f"{os.getpid()}\n".encode())
+        report(1)
         linger()
     with os.fdopen(read_end) as reader:
-        pids += [int(reader.readline()) for _ in range(3)]
+        roles = sorted(reader.readline().split() for _ in range(3))
+    pids += [int(pid) for _, pid in roles]
     ready()
     say(json.dumps({"pids": pids}).encode())
+    linger()
+
+
+#: The program of a hostile exec'd process: PIDFILE [NAME]; ignores SIGTERM, renames itself.
+SLEEPER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if len(sys.argv) > 2:
+    with open("/proc/self/comm", "w") as f:
+        f.write(sys.argv[2])
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+time.sleep(120)
+"""
+
+
+def record(pidfile: str) -> None:
+    with open(pidfile, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def await_records(pidfile: str, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(pidfile) as f:
+            if len(f.read().split()) >= count:
+                return
+        time.sleep(0.01)
+    sys.exit("the hostile tree did not come up")
+
+
+def daemonize() -> bool:
+    """Double fork; True in the daemon (its parent is gone), False in the caller."""
+    if os.fork() != 0:
+        return False
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    return True
+
+
+def exec_sleeper(pidfile: str, *name: str, argv0: str = sys.executable) -> None:
+    os.execve(sys.executable, [argv0, "-c", SLEEPER, pidfile, *name], {})
+
+
+def hostile(mode: str, pidfile: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited, and kept across exec
+    record(pidfile)
+    count = 1
+    if mode == "env_cleared":
+        if daemonize():
+            exec_sleeper(pidfile)
+        count = 2
+    elif mode == "disguised":
+        if os.fork() == 0:
+            os.setpgid(0, 0)
+            with open("/proc/self/comm", "w") as f:
+                f.write("sshd")
+            record(pidfile)
+            if os.fork() == 0:
+                os.setsid()
+                exec_sleeper(pidfile, "kworker/0:1", argv0="[kworker/0:1]")
+            linger()
+        count = 3
+    elif mode == "keeper_killer":
+        if os.fork() == 0:
+            os.setsid()
+            record(pidfile)
+            linger()
+        if daemonize():
+            record(pidfile)
+            linger()
+        for _ in range(10):
+            if os.fork() == 0:
+                record(pidfile)
+                linger()
+        count = 13
+    elif mode == "fork_storm":
+        if os.fork() == 0:
+            os.setsid()
+            record(pidfile)
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                if os.fork() == 0:
+                    record(pidfile)
+                    linger()
+                time.sleep(0.01)
+            linger()
+        count = 10
+    await_records(pidfile, count)
+    ready()
+    if mode == "keeper_killer":
+        sys.stdin.readline()
+        os.kill(os.getppid(), signal.SIGKILL)
+    echo()
     linger()
 
 
@@ -100,6 +211,8 @@ def main() -> None:
         sys.exit(3)
     if mode == "family":
         family()
+    if mode in ("env_cleared", "disguised", "keeper_killer", "fork_storm"):
+        hostile(mode, sys.argv[2])
     if mode == "ignore_term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     ready()

@@ -1,0 +1,47 @@
+"""Episode workspaces, owned like processes: deleted by a keeper if their owner dies.
+
+An env registers its workspace directory with ``own_path`` when it creates it and
+deletes it itself at ``close()`` (then ``disown_path``); if the process dies first,
+the keepers (``gym_harness._keeper``) delete it once they have ended their trees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from gym_harness import _keeper, _keeper_client
+from gym_harness.errors import HarnessStartError
+
+__all__ = ["disown_path", "own_path", "remove_path"]
+
+
+def own_path(path: str | os.PathLike[str]) -> None:
+    """Have the keepers delete ``path`` should this process die before ``disown_path``.
+
+    The deletion happens after the keeper has ended its harness's tree, so no
+    harness writes into the directory meanwhile. Used for episode workspaces.
+
+    Raises:
+        HarnessStartError: No keeper process could be started to own it.
+    """
+    try:
+        _keeper_client.own(os.path.abspath(path))
+    except OSError as exc:
+        raise HarnessStartError(
+            f"Could not start a keeper process to own {str(path)!r}: {exc}."
+        ) from exc
+
+
+def disown_path(path: str | os.PathLike[str]) -> None:
+    """Undo ``own_path`` (the caller deleted ``path`` or keeps it). Never raises."""
+    _keeper_client.disown(os.path.abspath(path))
+
+
+def remove_path(path: str | os.PathLike[str]) -> None:
+    """Delete a directory tree a harness wrote, even where it removed our permissions.
+
+    Never raises.
+    """
+    with contextlib.suppress(OSError):
+        _keeper.remove_tree(os.fspath(path))
