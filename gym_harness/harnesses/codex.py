@@ -41,6 +41,7 @@ from gym_harness.harnesses.codex_config import (
     catalog_entry,
     codex_config,
 )
+from gym_harness.outcome import Outcome
 
 __all__ = ["CodexHarness"]
 
@@ -200,9 +201,9 @@ class CodexHarness(Harness):
         """Map one JSON-RPC message to events, replies, readiness or the end of a turn."""
         if not line.strip():
             return Feed()
-        msg = parse_object(line)
+        msg, why = parse_object(line)
         if msg is None:
-            return not_json("codex", line)
+            return not_json("codex", line, why)
         if "method" in msg and "id" in msg:
             return self._server_request(msg)
         if "method" in msg:
@@ -220,7 +221,9 @@ class CodexHarness(Harness):
                 else msg["error"]
             )
             kind = (
-                "protocol_error" if method in ("turn/start", "turn/interrupt") else "startup_failed"
+                Outcome.PROTOCOL_ERROR
+                if method in ("turn/start", "turn/interrupt")
+                else Outcome.STARTUP_FAILED
             )
             return Feed(error_type=kind, error=f"codex answered {method} with an error: {error}")
         result = msg.get("result") or {}
@@ -270,7 +273,7 @@ class CodexHarness(Harness):
         if not missing and entries:
             return Feed(ready=True)
         why = entries[0].get("toolsError") if entries else "not listed"
-        return Feed(error_type="startup_failed", error=self._missing(missing, why))
+        return Feed(error_type=Outcome.STARTUP_FAILED, error=self._missing(missing, why))
 
     def _missing(self, missing: Sequence[str], why: Any) -> str:
         assert self._ctx is not None
@@ -330,7 +333,8 @@ class CodexHarness(Harness):
             return self._maybe_list()
         if status in ("failed", "cancelled"):
             return Feed(
-                error_type="startup_failed", error=self._missing((), params.get("error") or status)
+                error_type=Outcome.STARTUP_FAILED,
+                error=self._missing((), params.get("error") or status),
             )
         return Feed()
 
