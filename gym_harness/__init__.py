@@ -26,6 +26,7 @@ from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
     BridgeError,
+    CallbackError,
     CaptureError,
     ConfigError,
     HarnessCrashed,
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BridgeError",
+    "CallbackError",
     "CaptureError",
     "CommandHarness",
     "ConfigError",

@@ -48,6 +48,8 @@ class HarnessConfig:
         stderr_tail_lines: How many stderr lines are kept for error reports.
         max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
         allow_plain_text: Treat non-JSON stdout lines as text instead of a protocol error.
+        reward_timeout_s: Longest a ``reward_fn`` call may take (it then runs in a
+            worker thread; past it the turn ends as ``reward_timeout``); ``None`` for none.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -70,6 +72,7 @@ class HarnessConfig:
     stderr_tail_lines: int = 50
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
+    reward_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -87,8 +90,9 @@ class HarnessConfig:
         set_(self, "env", dict(self.env))
         for name in ("startup_timeout_s", "turn_timeout_s", "idle_timeout_s", "stop_grace_s"):
             _positive(name, getattr(self, name))
-        if self.episode_timeout_s is not None:
-            _positive("episode_timeout_s", self.episode_timeout_s)
+        for name in ("episode_timeout_s", "reward_timeout_s"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         for name in ("stderr_tail_lines", "max_line_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
