@@ -49,7 +49,7 @@ def test_deeply_nested_line_is_a_protocol_error_naming_the_bound() -> None:
     env = make()
     try:
         env.reset()
-        reply, _, terminated, truncated, info = env.step("deep")
+        _, _, terminated, truncated, info = env.step("deep")
         assert (terminated, truncated, info["error_type"]) == (True, False, "protocol_error")
         assert "1001 levels deep" in info["error"] and "MAX_DEPTH" in info["error"]
         assert [t.error_type for t in turns(env)] == ["protocol_error"]
