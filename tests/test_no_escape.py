@@ -7,6 +7,7 @@ or says that ``reset()`` is needed.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -16,6 +17,8 @@ from typing import Any
 import gymnasium
 import pytest
 from gymnasium.error import ResetNeeded
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gym_harness import CallbackError, CommandHarness, HarnessEvent, Outcome, RewardContext
 
@@ -257,3 +260,87 @@ def test_exit_code_is_the_harness_own_status_else_zero() -> None:
         assert_reset_needed_then_fresh(env)
     finally:
         env.close()
+
+
+# -------------------------------------------------------------- arbitrary output (hypothesis)
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+)
+_json_values = st.recursive(
+    _scalars,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3)
+    ),
+    max_leaves=12,
+)
+_KINDS = ["text", "tool_call", "tool_result", "llm_usage", "error", "ready", "other", "mystery"]
+
+
+def _typed(kind: str, extra: dict[str, Any]) -> bytes:
+    return json.dumps({**extra, "type": kind}).encode() + b"\n"
+
+
+def _deep(depth: int, kind: str) -> bytes:
+    opener, closer = (b"[", b"]") if kind == "list" else (b'{"a":', b"}")
+    return b'{"type":"text","text":' + opener * depth + b"0" + closer * depth + b"}\n"
+
+
+#: One harness output line (or a piece of one): anything a hostile harness could print.
+_LINES = st.one_of(
+    st.binary(max_size=300),  # random bytes: NUL, invalid UTF-8, newlines or none
+    _json_values.map(lambda v: json.dumps(v).encode() + b"\n"),
+    st.builds(_typed, st.sampled_from(_KINDS), st.dictionaries(st.text(max_size=8), _json_values)),
+    st.builds(_deep, st.integers(1, 3000), st.sampled_from(["list", "dict"])),
+    st.integers(1, 20_000).map(lambda n: b'{"type":"text","n":' + b"9" * n + b"}\n"),
+    st.integers(1, 400).map(lambda n: b'{"type":"text","x":1e' + b"9" * n + b"}\n"),
+    st.sampled_from(
+        [b"\x00\n", b"\xff\xfe\xfd\n", b'{"type":"text","text":"\xc3\x28"}\n', b"{", b"\n", b"\r\n"]
+    ),
+).filter(lambda line: b"turn_complete" not in line)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("plain_text", [False, True])
+def test_arbitrary_output_never_escapes_and_never_shifts(plain_text: bool) -> None:
+    env = make(allow_plain_text=plain_text, turn_timeout_s=10, idle_timeout_s=10)
+    state = {"step": 0, "lines": 0, "in_episode": 0}
+    env.reset()
+
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    @given(st.lists(_LINES, min_size=1, max_size=4), st.integers(0, 9))
+    def one_step(lines: list[bytes], exit_roll: int) -> None:
+        state["step"] += 1
+        n = state["step"]
+        data = b"".join(lines)
+        state["lines"] += data.count(b"\n") + 1
+        how = "rawexit" if exit_roll == 0 else "raw"  # sometimes: exit after the bytes
+        reply, reward, terminated, truncated, info = env.step(f"{how} {n} {data.hex()}")
+        state["in_episode"] += 1
+        assert len(turns(env)) == state["in_episode"]  # every turn is recorded
+        assert isinstance(reward, float) and isinstance(info["error_type"], str)
+        if info["error_type"] == "":
+            assert reply == f"reply-{n}"  # its own reply, never an earlier one
+        else:
+            assert Outcome(info["error_type"]).terminates or Outcome(info["error_type"]).truncates
+            assert not (reply.startswith("reply-") and reply != f"reply-{n}")
+        if terminated or truncated:
+            with pytest.raises(ResetNeeded):
+                env.step("after")
+            env.reset()
+            state["in_episode"] = 0
+
+    try:
+        one_step()
+    finally:
+        env.close()
+    assert state["lines"] >= 500

@@ -8,6 +8,8 @@ it then never reads its stdin. Otherwise each message's content says what to do:
     "forkdie"      fork a child that keeps stdout open, then SIGKILL itself
     "exit <code>"  print a text line, then exit with <code>
     "raw <n> <hex>" write the bytes <hex> to stdout as they are, then answer "reply-<n>"
+                   on a line of its own
+    "rawexit <n> <hex>" write the bytes, then exit 0 (no newline added)
     "/done"        answer with done=true
     anything else  answer "echo: <content>"
 """
@@ -39,9 +41,14 @@ def answer(content: str) -> None:
     elif content.startswith("exit "):
         emit({"type": "text", "text": "exiting"})
         sys.exit(int(content.split()[1]))
-    elif content.startswith("raw "):
-        _, n, data = content.split(" ", 2)
-        os.write(1, bytes.fromhex(data))
+    elif content.startswith(("raw ", "rawexit ")):
+        how, n, data = content.split(" ", 2)
+        raw = bytes.fromhex(data)
+        os.write(1, raw)
+        if how == "rawexit":  # the last line may have no newline: it ends at EOF
+            sys.exit(0)
+        if not raw.endswith(b"\n"):  # keep the answer a line of its own
+            os.write(1, b"\n")
         emit({"type": "turn_complete", "response": f"reply-{n}", "done": False})
         return
     emit({"type": "turn_complete", "response": f"echo: {content}", "done": content == "/done"})
