@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
+from gym_harness import _json
 from gym_harness._loopback import LoopbackServer, RotatingToken
 from gym_harness.capture_records import (
     ModelExchange,
@@ -414,7 +415,7 @@ class ModelProxy(RotatingToken):
         if not (self.request_logprobs and path.endswith("/chat/completions")):
             return content, False
         try:
-            body = json.loads(content)
+            body = _json.loads(content)  # the harness wrote it: bounded
         except ValueError:
             return content, False
         if not isinstance(body, dict) or body.get("logprobs") is True:

@@ -17,6 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from gym_harness import _json
+
 __all__ = [
     "ModelExchange",
     "SSEEvent",
@@ -293,7 +295,7 @@ def assemble(
         for payload in payloads:
             # "[DONE]", a broken final chunk, or a shape we do not know: keep the rest
             with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-                obj = json.loads(payload)
+                obj = _json.loads(payload)
                 if isinstance(obj, dict):
                     feed(ans, obj)
     logprobs = ans.logprobs
@@ -303,7 +305,7 @@ def assemble(
         ]
     parsed: Any = None
     with contextlib.suppress(ValueError):
-        parsed = json.loads(request) if request else None
+        parsed = _json.loads(request) if request else None  # the harness wrote it: bounded
     return ModelExchange(
         seq=seq,
         api=api,
