@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from gym_harness.config import HarnessConfig
@@ -117,6 +117,9 @@ class TurnRunner:
         self.config = config
         self.bridge = bridge
         self.emit = emit
+        # The hot path's boundaries, built once (a step passes them for every line).
+        self._feeding = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's feed()")
+        self._reading = _Faults(self, Outcome.HARNESS_CRASHED, "reading its output")
 
     def startup(self, events: list[HarnessEvent]) -> tuple[Outcome, str]:
         """Write the startup lines and wait for readiness; never raises for harness faults.
@@ -215,45 +218,43 @@ class TurnRunner:
 
     # ----------------------------------------------------------------- the boundary
 
-    @contextlib.contextmanager
-    def _faults(self, other: Outcome, what: str) -> Iterator[None]:
+    def _faults(self, other: Outcome, what: str) -> _Faults:
         """The fault boundary (see the module docstring): faults become ``TurnEnded``.
 
         Args:
             other: The outcome of an exception this boundary has no rule for.
             what: The call, as a message names it ("the adapter's feed()").
         """
-        try:
-            yield
-        except TurnEnded:
-            raise
-        except HarnessCrashed as exc:
-            raise TurnEnded(
+        return _Faults(self, other, what)
+
+    def _outcome_of(self, exc: Exception, other: Outcome, what: str) -> TurnEnded:
+        """The mapping of the fault boundary, one rule per kind of fault."""
+        if isinstance(exc, HarnessCrashed):
+            return TurnEnded(
                 Outcome.HARNESS_CRASHED, self._exit_account(f"was gone while we were {what}")
-            ) from exc
-        except TurnTimeout as exc:
-            raise TurnEnded(
+            )
+        if isinstance(exc, TurnTimeout):
+            return TurnEnded(
                 Outcome.TURN_TIMEOUT,
                 f"the harness did not read its stdin before the turn's deadline "
                 f"(turn_timeout_s={self.config.turn_timeout_s}): {exc.message}",
-            ) from exc
-        except ProtocolError as exc:
-            raise TurnEnded(Outcome.PROTOCOL_ERROR, exc.message) from exc
-        except BridgeError as exc:
-            raise TurnEnded(Outcome.BRIDGE_FAILED, exc.message) from exc
-        except OSError as exc:
-            raise TurnEnded(
+            )
+        if isinstance(exc, ProtocolError):
+            return TurnEnded(Outcome.PROTOCOL_ERROR, exc.message)
+        if isinstance(exc, BridgeError):
+            return TurnEnded(Outcome.BRIDGE_FAILED, exc.message)
+        if isinstance(exc, OSError):
+            return TurnEnded(
                 Outcome.HARNESS_CRASHED,
                 self._exit_account(f"was gone while we were {what} ({exc})"),
-            ) from exc
-        except Exception as exc:
-            # An adapter choking on a line is a protocol error of the harness; the
-            # traceback is logged so that a bug of ours stays visible.
-            _log.warning("%s raised; the turn ends as %s", what, other.value, exc_info=True)
-            raise TurnEnded(other, f"{what} raised {type(exc).__name__}: {exc}") from exc
+            )
+        # An adapter choking on a line is a protocol error of the harness; the
+        # traceback is logged so that a bug of ours stays visible.
+        _log.warning("%s raised; the turn ends as %s", what, other.value, exc_info=exc)
+        return TurnEnded(other, f"{what} raised {type(exc).__name__}: {exc}")
 
     def _take(self, line: str, events: list[HarnessEvent], write_by: float) -> Feed:
-        with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's feed()"):
+        with self._feeding:
             feed = self.harness.feed(line)
             if feed.error_type:
                 Outcome(feed.error_type)  # an adapter's unknown outcome name is its own fault
@@ -354,6 +355,29 @@ class TurnRunner:
         return f"; stderr tail:\n{tail}" if tail else ""
 
 
+class _Faults:
+    """One call site of the fault boundary: maps what the call raised to ``TurnEnded``.
+
+    A plain class, not ``contextlib.contextmanager``: it wraps every line of every
+    turn, and entering it must cost next to nothing. Stateless, so reusable.
+    """
+
+    __slots__ = ("other", "runner", "what")
+
+    def __init__(self, runner: TurnRunner, other: Outcome, what: str) -> None:
+        self.runner, self.other, self.what = runner, other, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or isinstance(exc, TurnEnded) or not isinstance(exc, Exception):
+            return  # KeyboardInterrupt and friends pass through (the env handles them)
+        raise self.runner._outcome_of(exc, self.other, self.what) from exc
+
+
 class _Liveness:
     """Reads lines for one turn (or the startup) and notices the harness's end.
 
@@ -380,7 +404,7 @@ class _Liveness:
             timeout_s = 0.0
             if now - self.exited_at > EXIT_DRAIN_S:
                 runner._crash(f"exited {when}")
-        with runner._faults(Outcome.HARNESS_CRASHED, "reading its output"):
+        with runner._reading:
             line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)))
         if line is None and (proc.eof or self.exited_at is not None):
             runner._crash(f"exited {when}")
