@@ -199,6 +199,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         started = time.monotonic()
         self._end_episode()
+        self._state = EpisodeState.ENDED  # until the new harness runs (a reset may raise)
+        self._ended_why = "the last reset() raised before the harness started"
         task = self._pick_task(options or {})
         episode_id = uuid.uuid4().hex[:12]
         ctx = self._prepare_episode(episode_id, task)
