@@ -21,6 +21,7 @@ from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
     BridgeError,
+    CallbackError,
     CaptureError,
     ConfigError,
     HarnessCrashed,
@@ -73,6 +74,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BridgeError",
+    "CallbackError",
     "CaptureError",
     "CommandHarness",
     "ConfigError",

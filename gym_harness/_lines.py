@@ -9,13 +9,16 @@ stream, a batch of lines per read (the stderr reader thread uses it).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["READ_CHUNK", "LineSplitter", "read_batches"]
+__all__ = ["CUT_PATTERN", "READ_CHUNK", "LineSplitter", "read_batches"]
 
 #: Bytes asked of the pipe per read.
 READ_CHUNK = 64 * 1024
+#: How the end of a cut line reads; group 1 is the number of bytes dropped.
+CUT_PATTERN = re.compile(r" …\[cut (\d+) bytes\]\Z")
 
 
 class LineSplitter:

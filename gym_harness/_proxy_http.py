@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gym_harness import _json
+
 __all__ = ["add_logprobs", "error_payload", "read_body", "send_json"]
 
 
@@ -45,8 +47,8 @@ async def read_body(
 def add_logprobs(content: bytes) -> tuple[bytes, bool]:
     """A Chat Completions body asking for logprobs, and whether it had to be changed."""
     try:
-        body = json.loads(content)
-    except (ValueError, RecursionError):  # a request nested too deep goes up as it came
+        body = _json.loads(content)  # the harness wrote it: bounded
+    except ValueError:  # not JSON, or nested too deep: it goes up as it came
         return content, False
     if not isinstance(body, dict) or body.get("logprobs") is True:
         return content, False

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import asdict, dataclass, field, replace
-from itertools import accumulate
 from typing import Any
+
+from gym_harness import _json
 
 __all__ = [
     "MAX_DEPTH",
@@ -121,28 +121,14 @@ class ModelExchange:
 #: Deepest JSON nesting a record holds parsed (real requests nest about ten deep).
 MAX_DEPTH = 100
 
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-
-
-def _too_deep(text: str) -> bool:
-    """Whether the JSON in ``text`` nests deeper than :data:`MAX_DEPTH` (never recurses)."""
-    if text.count("[") + text.count("{") <= MAX_DEPTH:  # the usual small payload
-        return False
-    # Drop string contents (escapes first, so every remaining quote delimits a string),
-    # then follow the brackets left: a running sum of +1 / -1 is the nesting depth.
-    plain = text.replace("\\\\", "").replace('\\"', "")
-    brackets = _NOT_BRACKET.sub("", "".join(plain.split('"')[::2]))
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH
-
 
 def _loads(text: str) -> tuple[Any, str]:
     """``(value, "")``, or ``(None, why)`` when ``text`` is not JSON or nests too deep."""
-    if _too_deep(text):
-        return None, f"JSON nested deeper than {MAX_DEPTH} levels"
     try:
-        return json.loads(text), ""
-    except (ValueError, RecursionError) as exc:  # RecursionError: belt and braces
+        return _json.loads(text, MAX_DEPTH), ""
+    except _json.JSONBoundError:
+        return None, f"JSON nested deeper than {MAX_DEPTH} levels"
+    except ValueError as exc:
         return None, f"not JSON: {str(exc)[:200]}"
 
 
@@ -399,13 +385,12 @@ def _assemble(
     if feed is not None and meta["status"] < 400:
         payloads = [e.data for e in events] if streamed else [body]
         for n, payload in enumerate(payloads):
-            if _too_deep(payload):
-                problems.append(f"answer part {n}: JSON nested deeper than {MAX_DEPTH} levels")
-                continue
+            obj, why = _loads(payload)
+            if why.startswith("JSON nested"):
+                problems.append(f"answer part {n}: {why}")
             # "[DONE]", a broken final chunk, or a shape we do not know: keep the rest
-            with contextlib.suppress(Exception):
-                obj = json.loads(payload)
-                if isinstance(obj, dict):
+            if isinstance(obj, dict):
+                with contextlib.suppress(Exception):
                     feed(ans, obj)
     logprobs = ans.logprobs
     if len(ans.token_ids) == len(logprobs):  # vLLM-style ids, one per logprob entry

@@ -58,6 +58,8 @@ class HarnessConfig:
         cgroup: Also put the harness's tree in a cgroup v2 of its own, ended with
             ``cgroup.kill``, where this process may create cgroups (root, or a
             delegated subtree); elsewhere the keeper's subreaper alone contains it.
+        reward_timeout_s: Longest a ``reward_fn`` call may take (it then runs in a
+            worker thread; past it the turn ends as ``reward_timeout``); ``None`` for none.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -84,6 +86,7 @@ class HarnessConfig:
     max_mcp_sessions: int = 64
     tool_workers: int = 32
     cgroup: bool = True
+    reward_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -101,8 +104,9 @@ class HarnessConfig:
         set_(self, "env", dict(self.env))
         for name in ("startup_timeout_s", "turn_timeout_s", "idle_timeout_s", "stop_grace_s"):
             _positive(name, getattr(self, name))
-        if self.episode_timeout_s is not None:
-            _positive("episode_timeout_s", self.episode_timeout_s)
+        for name in ("episode_timeout_s", "reward_timeout_s"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         for name in (
             "stderr_tail_lines",
             "max_line_bytes",

@@ -5,6 +5,12 @@ episode is one harness process (and one fresh workspace). Harness faults never
 raise out of ``reset``/``step``: they become outcomes (see the README's outcome
 table) with ``info["error_type"]``.
 
+Whatever raises out of ``step`` (a ``KeyboardInterrupt`` mid-turn, a callback's
+error), the next ``step`` returns the reply to its own message or raises
+``ResetNeeded``: a turn that did not finish ends the episode, and every turn is
+recorded in ``trajectory`` before the user's code (``reward_fn``, ``on_event``)
+runs on it (see ``gym_harness._usercode``).
+
 Threads: the caller's thread runs reset/step/close and never needs an event
 loop. ``HarnessProcess`` owns its reader threads; ``MCPBridge`` owns its server
 thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
@@ -28,11 +34,13 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from gym_harness._imports import import_attr
+from gym_harness._usercode import CallbackGuard, RewardRunner
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import Harness, make_harness
 from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.outcome import Outcome
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
 from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
@@ -147,6 +155,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             )
         self.reward_fn: RewardFn | None = reward_fn
         self.on_event = on_event
+        self._callbacks = CallbackGuard()
+        self._rewards: RewardRunner | None = None
+        self._ended_why = ""
         self.lock = threading.Lock()
         self._tools_spec = tools
         self._template = None if workspace is None else Path(workspace)
@@ -165,7 +176,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._episode_dir: Path | None = None
         self._runner: TurnRunner | None = None
         self._task: Task | None = None
-        self._startup_error = ("", "")
+        self._startup_error: tuple[Outcome, str] = (Outcome.OK, "")
         self._episode_started = 0.0
         self.trajectory = Trajectory(episode_id="", harness=self.harness.name)
 
@@ -188,6 +199,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         started = time.monotonic()
         self._end_episode()
+        self._state = EpisodeState.ENDED  # until the new harness runs (a reset may raise)
+        self._ended_why = "the last reset() raised before the harness started"
         task = self._pick_task(options or {})
         episode_id = uuid.uuid4().hex[:12]
         ctx = self._prepare_episode(episode_id, task)
@@ -199,42 +212,58 @@ class HarnessEnv(gymnasium.Env[str, str]):
         )
         self._episode_started = started
         self._state = EpisodeState.RUNNING
-        self._startup_error = self._start_harness(ctx)
+        self._ended_why = ""
+        try:
+            self._startup_error = self._start_harness(ctx)
+        except BaseException as exc:
+            self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
+            raise
         self.trajectory.reset_s = time.monotonic() - started
         info = self._info(0, *self._startup_error, self.trajectory.startup_events, 0.0)
+        self._callbacks.raise_pending("the harness's startup (reset)")
         return ("" if task is None else task.prompt), info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Send ``action`` as one user message and return the harness's reply.
 
         Raises:
-            ResetNeeded: Before the first ``reset`` or after the episode ended.
+            ResetNeeded: Before the first ``reset``, after the episode ended, or after
+                a step raised before its turn finished (the message says why).
             TypeError: ``action`` is not a string.
+            CallbackError: The ``on_event`` callback raised during this turn; the turn
+                ran to its end and is in ``trajectory``, and the episode can go on.
         """
         if self._state is not EpisodeState.RUNNING:
+            why = f" ({self._ended_why})" if self._ended_why else ""
             raise ResetNeeded(
                 "step() needs a running episode: call reset() first "
-                f"(the env is {self._state.value})."
+                f"(the env is {self._state.value}{why})."
             )
         if not isinstance(action, str):
             raise TypeError(f"the action must be a str (one user message), got {type(action)!r}.")
         turn = len(self.trajectory.turns) + 1
         started_at, start = time.time(), time.monotonic()
-        if self._startup_error[0] or self._runner is None:
-            result = TurnResult(error_type=self._startup_error[0], error=self._startup_error[1])
-        else:
-            budget = None
-            if self.config.episode_timeout_s is not None:
-                budget = self._episode_started + self.config.episode_timeout_s
-            result = self._runner.run(action, episode_deadline=budget)
-        if self._proxy is not None:
-            result = _with_model_calls(result, self._proxy)
-        record = self._record(turn, action, result, started_at, time.monotonic() - start)
-        self.trajectory.turns.append(record)
+        try:
+            if self._startup_error[0] or self._runner is None:
+                result = TurnResult(error_type=self._startup_error[0], error=self._startup_error[1])
+            else:
+                budget = None
+                if self.config.episode_timeout_s is not None:
+                    budget = self._episode_started + self.config.episode_timeout_s
+                result = self._runner.run(action, episode_deadline=budget)
+            if self._proxy is not None:
+                result = _with_model_calls(result, self._proxy)
+            record = self._record(turn, action, result, started_at, time.monotonic() - start)
+        except BaseException as exc:
+            # The turn did not finish: its reply may still come, so no later step may read on.
+            self._abandon(f"step() for turn {turn} raised {type(exc).__name__} mid-turn")
+            raise
         if record.terminated or record.truncated:
             self._state = EpisodeState.ENDED
+            self._ended_why = f"turn {turn} ended the episode: {record.error_type or 'done'}"
             self._stop_process()
         info = self._info(turn, record.error_type, record.error, record.events, record.elapsed_s)
+        self._callbacks.raise_pending(f"turn {turn}")
         return record.response, record.reward, record.terminated, record.truncated, info
 
     def render(self) -> str | None:
@@ -374,7 +403,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             )
         return self._bridge
 
-    def _start_harness(self, ctx: EpisodeContext) -> tuple[str, str]:
+    def _start_harness(self, ctx: EpisodeContext) -> tuple[Outcome, str]:
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
         from gym_harness.process import HarnessProcess, hold_keeper
 
@@ -391,57 +420,74 @@ class HarnessEnv(gymnasium.Env[str, str]):
         try:
             self._proc.start()
         except HarnessError as exc:
-            return "startup_failed", str(exc)
+            return Outcome.STARTUP_FAILED, str(exc)
         error_type, error = self._runner.startup(self.trajectory.startup_events)
         if error_type:
             self._stop_process()
         return error_type, error
 
     def _emit(self, event: HarnessEvent) -> None:
-        if self.on_event is not None:
-            self.on_event(event)
+        self._callbacks(self.on_event, event)  # never raises an Exception; see CallbackGuard
 
     def _record(
         self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
     ) -> TurnRecord:
+        """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
         terminated, truncated = end_flags(result)
-        reward = 0.0
-        if self.reward_fn is not None:
-            assert self._episode_dir is not None
-            ctx = RewardContext(
-                message=message,
-                response=result.response,
-                events=result.events,
-                workspace=self._episode_dir / "workspace",
-                turn=turn,
-                error_type=result.error_type,
-                terminated=terminated,
-                truncated=truncated,
-                task=None if self._task is None else self._task.to_dict(),
-            )
-            reward = float(self.reward_fn(ctx))
-        return TurnRecord(
+        record = TurnRecord(
             turn=turn,
             message=message,
             response=result.response,
             events=result.events,
-            reward=reward,
+            reward=0.0,
             terminated=terminated,
             truncated=truncated,
-            error_type=result.error_type,
+            error_type=str(result.error_type),
             error=result.error,
             started_at=started_at,
             elapsed_s=elapsed,
         )
+        self.trajectory.turns.append(record)
+        if self.reward_fn is None:
+            return record
+        assert self._episode_dir is not None
+        ctx = RewardContext(
+            message=message,
+            response=result.response,
+            events=result.events,
+            workspace=self._episode_dir / "workspace",
+            turn=turn,
+            error_type=record.error_type,
+            terminated=terminated,
+            truncated=truncated,
+            task=None if self._task is None else self._task.to_dict(),
+        )
+        if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
+            self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
+        reward, outcome, why = self._rewards(ctx)
+        if outcome is Outcome.OK:
+            record = dataclasses.replace(record, reward=reward)
+        elif record.error_type:  # the turn's own fault stays its outcome
+            record = dataclasses.replace(record, error=f"{record.error}; {why}")
+        else:
+            record = dataclasses.replace(
+                record,
+                error_type=outcome.value,
+                error=why,
+                terminated=outcome.terminates,
+                truncated=outcome.truncates,
+            )
+        self.trajectory.turns[-1] = record
+        return record
 
     def _info(
         self, turn: int, error_type: str, error: str, events: Sequence[HarnessEvent], elapsed: float
     ) -> dict[str, Any]:
         proc = self._proc
-        exit_code = 0 if proc is None or proc.returncode is None else int(proc.returncode)
+        exit_code = 0 if proc is None or proc.exit_code is None else int(proc.exit_code)
         return {
             "turn": turn,
-            "error_type": error_type,
+            "error_type": str(error_type),
             "error": error,
             "events": [e.to_dict() for e in events],
             "tool_calls": sum(1 for e in events if e.type is EventType.TOOL_CALL),
@@ -451,6 +497,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
             "episode_id": self.trajectory.episode_id,
             "task_id": "" if self._task is None else self._task.id,
         }
+
+    def _abandon(self, why: str) -> None:
+        """End the episode after an exception left a step or reset mid-way."""
+        self._state = EpisodeState.ENDED
+        self._ended_why = f"{why}; the harness was stopped so no later step reads its reply"
+        self._stop_process()
 
     def _stop_process(self) -> None:
         if self._proc is not None:

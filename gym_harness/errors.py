@@ -12,7 +12,8 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── ProtocolError          output the harness's dialect cannot parse
     ├── BridgeError            the MCP bridge could not start, serve or stop
     ├── ToolConflictError      env tools clash (reserved, duplicate, unresolvable)
-    └── CaptureError           the model proxy could not start or forward
+    ├── CaptureError           the model proxy could not start or forward
+    └── CallbackError          the user's on_event callback raised (the turn was kept)
 
 Harness faults inside ``reset``/``step`` become outcomes (``info["error_type"]``),
 not exceptions; these classes carry the same facts where an exception is the
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "BridgeError",
+    "CallbackError",
     "CaptureError",
     "ConfigError",
     "HarnessCrashed",
@@ -106,3 +108,7 @@ class ToolConflictError(HarnessError):
 
 class CaptureError(HarnessError):
     """The model proxy could not start or forward."""
+
+
+class CallbackError(HarnessError):
+    """The ``on_event`` callback raised; the turn it watched was finished and recorded."""

@@ -122,6 +122,7 @@ class HarnessProcess:
         self._stdin_lock = threading.Lock()
         self._popen: _keeper_client.Child | None = None
         self._keeper: _keeper_client.KeeperClient | None = None
+        self._own_exit: int | None = None
         self._splitter = LineSplitter(config.max_line_bytes)
         self._lines: deque[tuple[str, int]] = deque()  # read from stdout, not yet returned
         self._stdout_fd: int | None = None  # None once stdout hit EOF or was closed
@@ -163,21 +164,29 @@ class HarnessProcess:
             self.stop()
             raise
 
-    def write_line(self, text: str, timeout_s: float | None = None) -> None:
-        """Write ``text`` and a newline to the harness's stdin (UTF-8).
+    def write_line(
+        self, text: str, timeout_s: float | None = None, *, deadline: float | None = None
+    ) -> None:
+        """Write ``text`` and a newline to the harness's stdin (UTF-8), never blocking.
+
+        Stdin is non-blocking: while the pipe is full this waits for room (reading
+        stdout meanwhile), never past the deadline.
 
         Args:
             text: One line; it should not contain a newline.
             timeout_s: How long to wait while the pipe is full; ``None`` means
                 ``config.turn_timeout_s``.
+            deadline: A ``time.monotonic()`` value by which the whole line must be
+                written (the turn's deadline); overrides ``timeout_s``.
 
         Raises:
             HarnessCrashed: The harness is gone or closed its stdin (or was never started).
-            TurnTimeout: The harness did not read its stdin within ``timeout_s``.
+            TurnTimeout: The harness did not read its stdin in time.
         """
         data = memoryview((text + "\n").encode("utf-8", "replace"))
-        limit = self.config.turn_timeout_s if timeout_s is None else timeout_s
-        deadline: float | None = None
+        if deadline is None:
+            limit = self.config.turn_timeout_s if timeout_s is None else timeout_s
+            deadline = time.monotonic() + limit
         with self._stdin_lock:
             popen = self._popen
             if self._state is not _State.RUNNING or popen is None or popen.stdin is None:
@@ -187,13 +196,11 @@ class HarnessProcess:
                 try:
                     data = data[os.write(fd, data) :]
                 except BlockingIOError:
-                    if deadline is None:
-                        deadline = time.monotonic() + limit
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise TurnTimeout(
-                            f"Harness `{self._describe()}` did not read its stdin for "
-                            f"{limit} s; it may be stuck.",
+                            f"Harness `{self._describe()}` did not read its stdin in time "
+                            f"({len(data)} bytes of a line still unwritten); it may be stuck.",
                             pid=popen.pid,
                         ) from None
                     self._wait_writable(fd, remaining)
@@ -247,6 +254,15 @@ class HarnessProcess:
         """The exit code (``-N`` for signal N); ``None`` while running or before ``start``."""
         return self._popen.poll() if self._popen is not None else None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The harness's own exit status: its return code if it exited before ``stop``
+        (by itself, or killed by someone else); ``None`` while it runs, and when
+        ``stop`` ended it (a signal we sent is not the harness's exit code)."""
+        if self._own_exit is not None or self._state is _State.STOPPED:
+            return self._own_exit
+        return self.returncode
+
     def is_alive(self) -> bool:
         """Return True while the harness's own process runs."""
         return self._popen is not None and self._popen.poll() is None
@@ -292,6 +308,7 @@ class HarnessProcess:
             self._state = _State.STOPPED
             popen = self._popen
             if popen is not None:
+                self._own_exit = popen.poll()  # before our signals: what it did by itself
                 # stop() never raises; whatever survives an error dies with the keeper.
                 with contextlib.suppress(psutil.Error, OSError):
                     self._end_tree(popen)

@@ -39,6 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.outcome import Outcome
 from gym_harness.rollout import run_episode
 from gym_harness.tasks import Task
 
@@ -47,7 +48,7 @@ __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
 #: Ray actor options of one sub-env unless ``resources_per_env`` says otherwise:
 #: a CPU each (a harness CLI is a busy process), spread over the nodes.
 DEFAULT_RESOURCES: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
-WORKER_LOST = "worker_lost"
+WORKER_LOST = Outcome.WORKER_LOST
 
 
 def _ray() -> Any:
@@ -339,7 +340,7 @@ class RayVectorEnv(VectorEnv):
         return {
             **last,
             "turn": int(last.get("turn", 0)) + 1,
-            "error_type": WORKER_LOST,
+            "error_type": WORKER_LOST.value,
             "error": self._lost_error[i],
             "events": [],
             "tool_calls": 0,
@@ -492,13 +493,13 @@ def _lost_record(
         "startup_events": [],
         "turns": [],
         "reward": 0.0,
-        "outcome": WORKER_LOST,
+        "outcome": WORKER_LOST.value,
         "reset_s": 0.0,
         "env_id": env_id,
         "episode_index": index,
         "seed": seed,
         "messages": [],
-        "error_type": WORKER_LOST,
+        "error_type": WORKER_LOST.value,
         "error": error,
         "timings": {"reset_s": 0.0, "turns_s": [], "total_s": 0.0},
     }

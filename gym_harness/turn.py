@@ -2,19 +2,46 @@
 
 The runner owns the loop that reads the harness's output lines, hands each to
 the adapter (``Harness.feed``), writes the adapter's replies back, and ends a
-turn on ``turn_complete``, an adapter-reported error, end of output (a crash),
-or a deadline (turn, idle, episode). It runs in the caller's thread; it never
-raises for harness faults.
+turn on ``turn_complete``, an adapter-reported error, the end of the harness
+(its output closed, or the process we started exited: a descendant that still
+holds stdout does not keep it alive), or a deadline (turn, idle, episode). It
+runs in the caller's thread.
+
+The fault boundary
+------------------
+This module is the one place where harness, bridge and proxy faults become
+outcomes, the way httpx maps transport errors at one boundary
+(``map_httpcore_exceptions``). Every call the runner makes into the process
+(write, read, liveness), the adapter (``startup_lines``, ``message_lines``,
+``feed``, ``interrupt_lines``), the bridge and the model proxy runs inside
+``TurnRunner._faults``, which turns what it catches into ``TurnEnded(outcome,
+message)``; ``startup`` and ``run`` catch that once and return the outcome::
+
+    HarnessCrashed, OSError                      -> harness_crashed
+    TurnTimeout (stdin unread until the deadline) -> turn_timeout
+    ProtocolError, an adapter raising on a line  -> protocol_error
+    BridgeError, the bridge's thread found dead  -> bridge_failed
+    any other Exception                          -> the call site's outcome
+
+The bridge is checked at the start of a turn, with every liveness check while
+the turn waits, and when the harness ends a turn: a bridge that died during a
+step names that step's outcome, never ``""``.
+
+``run`` and ``startup`` never raise for harness faults. What passes through is
+``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``): the env
+then ends the episode, so a later step cannot read this turn's reply.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import HarnessCrashed
+from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import Feed, Harness
 from gym_harness.outcome import Outcome
@@ -24,14 +51,20 @@ if TYPE_CHECKING:
     from gym_harness.capture import ModelProxy
     from gym_harness.process import HarnessProcess
 
-__all__ = ["TurnRunner", "end_flags"]
+__all__ = ["TurnEnded", "TurnRunner", "end_flags"]
+
+_log = logging.getLogger("gym_harness")
 
 #: How long an interrupted turn may take to wind down before the tree is stopped.
 INTERRUPT_GRACE_S = 1.0
 #: How long to wait for an exit code once the harness closed its output.
 EXIT_WAIT_S = 1.0
-#: How often a waiting turn checks that the env's MCP bridge is still alive.
-BRIDGE_CHECK_S = 0.5
+#: How often a turn checks that the process we started still runs (even while
+#: lines keep coming: a descendant may hold stdout after the harness died).
+LIVENESS_S = 0.25
+#: After the harness exited, how long its last output is still read (bounded:
+#: a descendant may keep writing).
+EXIT_DRAIN_S = 0.25
 
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
@@ -44,6 +77,20 @@ def end_flags(result: TurnResult) -> tuple[bool, bool]:
     return result.done, False
 
 
+class TurnEnded(Exception):
+    """Raised inside the runner when a fault ends the turn; never leaves it.
+
+    Args:
+        outcome: How the turn ended.
+        message: What happened and what to do, for ``info["error"]``.
+    """
+
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
 class TurnRunner:
     """Runs the startup handshake and the turns of one harness process.
 
@@ -52,7 +99,7 @@ class TurnRunner:
         proc: The started harness process.
         config: The config the process was spawned with (timeouts).
         bridge: The env's MCP bridge; its tool calls count as signs of life.
-        emit: Called with every event as soon as it is parsed.
+        emit: Called with every event as soon as it is parsed; must not raise.
         proxy: The env's model proxy, if it captures; model traffic counts as life.
         tool_names: The env tools served this episode (for the bridge tool check).
     """
@@ -74,39 +121,45 @@ class TurnRunner:
         self.config = config
         self.bridge = bridge
         self.emit = emit
+        # The hot path's boundaries, built once (a step passes them for every line).
+        self._feeding = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's feed()")
+        self._reading = _Faults(self, Outcome.HARNESS_CRASHED, "reading its output")
 
-    def startup(self, events: list[HarnessEvent]) -> tuple[str, str]:
-        """Write the startup lines and wait for readiness.
+    def startup(self, events: list[HarnessEvent]) -> tuple[Outcome, str]:
+        """Write the startup lines and wait for readiness; never raises for harness faults.
 
         Args:
             events: Receives the events seen during startup.
 
         Returns:
-            ``("", "")`` when ready, else ``("startup_failed", why)``.
+            ``(Outcome.OK, "")`` when ready, else ``(Outcome.STARTUP_FAILED, why)``.
         """
-        if not self._write(self.harness.startup_lines()):
-            return "startup_failed", self._exit_account("exited during startup")
-        if self.harness.ready_on_spawn:
-            return "", ""
         deadline = time.monotonic() + self.config.startup_timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "startup_failed", (
-                    f"the harness was not ready within startup_timeout_s="
-                    f"{self.config.startup_timeout_s}s; raise it or check the harness's stderr"
-                    + self._stderr_suffix()
-                )
-            line = self.proc.read_line(remaining)
-            if line is None:
-                if self.proc.eof:
-                    return "startup_failed", self._exit_account("exited during startup")
-                continue
-            feed = self._take(line, events)
-            if feed.error_type:
-                return "startup_failed", feed.error
-            if feed.ready:
-                return "", ""
+        try:
+            with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's startup_lines()"):
+                lines = self.harness.startup_lines()
+            self._write(lines, deadline, "during startup")
+            if self.harness.ready_on_spawn:
+                return Outcome.OK, ""
+            watch = _Liveness(self)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return Outcome.STARTUP_FAILED, (
+                        f"the harness was not ready within startup_timeout_s="
+                        f"{self.config.startup_timeout_s}s; raise it or check the harness's "
+                        "stderr" + self._stderr_suffix()
+                    )
+                line = watch.read(remaining, "during startup")
+                if line is None:
+                    continue
+                feed = self._take(line, events, deadline)
+                if feed.error_type:
+                    return Outcome.STARTUP_FAILED, feed.error
+                if feed.ready:
+                    return Outcome.OK, ""
+        except TurnEnded as end:
+            return Outcome.STARTUP_FAILED, end.message
 
     def run(self, message: str, episode_deadline: float | None = None) -> TurnResult:
         """Send ``message`` and read until the turn ends; never raises for harness faults.
@@ -118,70 +171,123 @@ class TurnRunner:
         """
         events: list[HarnessEvent] = []
         start = time.monotonic()
-        if episode_deadline is not None and start >= episode_deadline:
-            return self._timed_out("episode_timeout", events)
-        if why := self._bridge_down():
-            return self._bridge_failed(why, events)
-        if not self._write(self.harness.message_lines(message)):
-            return self._crashed(events)
         turn_deadline = start + self.config.turn_timeout_s
-        deadline = start  # the nearest deadline; recomputed only when reached
-        while True:
-            now = time.monotonic()
-            if now >= deadline:  # the idle deadline moves with activity: look again
-                deadline, kind = self._nearest(start, turn_deadline, episode_deadline)
-                if deadline <= now:
-                    return self._timed_out(kind, events)
-            line = self.proc.read_line(min(deadline - now, BRIDGE_CHECK_S))
-            if line is None:
-                if self.proc.eof:
-                    return self._crashed(events)
-                if why := self._bridge_down():
-                    return self._bridge_failed(why, events)
-                continue
-            feed = self._take(line, events)
-            if (feed.error_type or feed.turn_complete) and (why := self._bridge_down()):
-                return self._bridge_failed(why, events)
-            if feed.error_type:
-                return TurnResult(
-                    response=feed.response or _texts(events),
-                    events=tuple(events),
-                    error_type=feed.error_type,
-                    error=feed.error,
-                )
-            if feed.turn_complete:
-                if missing := self._missing_tools():
+        # Writes wait at most until the turn (or the episode) runs out.
+        write_by = (
+            turn_deadline if episode_deadline is None else min(turn_deadline, episode_deadline)
+        )
+        try:
+            if episode_deadline is not None and start >= episode_deadline:
+                return self._timed_out(Outcome.EPISODE_TIMEOUT, events)
+            self._check_bridge()
+            with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's message_lines()"):
+                lines = self.harness.message_lines(message)
+            self._write(lines, write_by, "mid-turn")
+            watch = _Liveness(self)
+            deadline = start  # the nearest deadline; recomputed only when reached
+            while True:
+                now = time.monotonic()
+                if now >= deadline:  # the idle deadline moves with activity: look again
+                    deadline, kind = self._nearest(start, turn_deadline, episode_deadline)
+                    if deadline <= now:
+                        return self._timed_out(kind, events)
+                line = watch.read(deadline - now, "mid-turn")
+                if line is None:
+                    continue
+                feed = self._take(line, events, write_by)
+                if feed.error_type or feed.turn_complete:
+                    self._check_bridge()  # a bridge that died mid-turn names the turn's end
+                if feed.error_type:
                     return TurnResult(
-                        response=feed.response,
+                        response=feed.response or _texts(events),
                         events=tuple(events),
-                        error_type="startup_failed",
-                        error=missing,
+                        error_type=Outcome(feed.error_type),
+                        error=feed.error,
                     )
-                return TurnResult(response=feed.response, events=tuple(events), done=feed.done)
+                if feed.turn_complete:
+                    if missing := self._missing_tools():
+                        return TurnResult(
+                            response=feed.response,
+                            events=tuple(events),
+                            error_type=Outcome.STARTUP_FAILED,
+                            error=missing,
+                        )
+                    return TurnResult(response=feed.response, events=tuple(events), done=feed.done)
+        except TurnEnded as end:
+            if end.outcome.truncates:
+                self._record_error(end.outcome, end.message, events)
+            return TurnResult(
+                response=_texts(events),
+                events=tuple(events),
+                error_type=end.outcome,
+                error=end.message,
+            )
 
-    # ----------------------------------------------------------------- internals
+    # ----------------------------------------------------------------- the boundary
 
-    def _take(self, line: str, events: list[HarnessEvent]) -> Feed:
-        feed = self.harness.feed(line)
+    def _faults(self, other: Outcome, what: str) -> _Faults:
+        """The fault boundary (see the module docstring): faults become ``TurnEnded``.
+
+        Args:
+            other: The outcome of an exception this boundary has no rule for.
+            what: The call, as a message names it ("the adapter's feed()").
+        """
+        return _Faults(self, other, what)
+
+    def _outcome_of(self, exc: Exception, other: Outcome, what: str) -> TurnEnded:
+        """The mapping of the fault boundary, one rule per kind of fault."""
+        if isinstance(exc, HarnessCrashed):
+            return TurnEnded(
+                Outcome.HARNESS_CRASHED, self._exit_account(f"was gone while we were {what}")
+            )
+        if isinstance(exc, TurnTimeout):
+            return TurnEnded(
+                Outcome.TURN_TIMEOUT,
+                f"the harness did not read its stdin before the turn's deadline "
+                f"(turn_timeout_s={self.config.turn_timeout_s}): {exc.message}",
+            )
+        if isinstance(exc, ProtocolError):
+            return TurnEnded(Outcome.PROTOCOL_ERROR, exc.message)
+        if isinstance(exc, BridgeError):
+            return TurnEnded(Outcome.BRIDGE_FAILED, exc.message)
+        if isinstance(exc, OSError):
+            return TurnEnded(
+                Outcome.HARNESS_CRASHED,
+                self._exit_account(f"was gone while we were {what} ({exc})"),
+            )
+        # An adapter choking on a line is a protocol error of the harness; the
+        # traceback is logged so that a bug of ours stays visible.
+        _log.warning("%s raised; the turn ends as %s", what, other.value, exc_info=exc)
+        return TurnEnded(other, f"{what} raised {type(exc).__name__}: {exc}")
+
+    def _take(self, line: str, events: list[HarnessEvent], write_by: float) -> Feed:
+        with self._feeding:
+            feed = self.harness.feed(line)
+            if feed.error_type:
+                Outcome(feed.error_type)  # an adapter's unknown outcome name is its own fault
         if feed.events:
             events.extend(feed.events)
             for event in feed.events:
                 self.emit(event)
         if feed.replies:
-            self._write(feed.replies)
+            self._write(feed.replies, write_by, "mid-turn")
         return feed
 
-    def _write(self, lines: Sequence[str]) -> bool:
-        try:
+    def _write(self, lines: Sequence[str], deadline: float, when: str) -> None:
+        with self._faults(Outcome.HARNESS_CRASHED, f"writing to it {when}"):
             for line in lines:
-                self.proc.write_line(line)
-        except HarnessCrashed:
-            return False
-        return True
+                self.proc.write_line(line, deadline=deadline)
+
+    def _crash(self, what: str) -> NoReturn:
+        raise TurnEnded(Outcome.HARNESS_CRASHED, self._exit_account(what))
+
+    # ----------------------------------------------------------------- internals
 
     def _missing_tools(self) -> str:
         """After a turn: "" once the harness has listed the env tools over MCP, else why not."""
-        if not self._unconfirmed or (self.bridge is not None and self.bridge.tools_listed):
+        with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge for the tool listing"):
+            listed = self.bridge is not None and self.bridge.tools_listed
+        if not self._unconfirmed or listed:
             self._unconfirmed = ()
             return ""
         return (
@@ -191,65 +297,62 @@ class TurnRunner:
 
     def _nearest(
         self, start: float, turn_deadline: float, episode_deadline: float | None
-    ) -> tuple[float, str]:
-        nearest = min((turn_deadline, "turn_timeout"), (self._idle_deadline(start), "idle_timeout"))
+    ) -> tuple[float, Outcome]:
+        idle = self._idle_deadline(start)
+        nearest = min((turn_deadline, Outcome.TURN_TIMEOUT), (idle, Outcome.IDLE_TIMEOUT))
         if episode_deadline is not None and episode_deadline < nearest[0]:
-            return episode_deadline, "episode_timeout"
+            return episode_deadline, Outcome.EPISODE_TIMEOUT
         return nearest
 
     def _idle_deadline(self, turn_start: float) -> float:
         last = max(turn_start, self.proc.last_activity)
-        bridge = self.bridge
-        if bridge is not None:
-            if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
-                return time.monotonic() + self.config.idle_timeout_s
-            last = max(last, bridge.last_activity)
-        if self.proxy is not None:
-            last = max(last, self.proxy.last_activity)
+        with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge and proxy for signs of life"):
+            bridge = self.bridge
+            if bridge is not None:
+                if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
+                    return time.monotonic() + self.config.idle_timeout_s
+                last = max(last, bridge.last_activity)
+            if self.proxy is not None:
+                last = max(last, self.proxy.last_activity)
         return last + self.config.idle_timeout_s
 
-    def _timed_out(self, kind: str, events: list[HarnessEvent]) -> TurnResult:
+    def _timed_out(self, kind: Outcome, events: list[HarnessEvent]) -> TurnResult:
         limit = {
-            "turn_timeout": f"turn_timeout_s={self.config.turn_timeout_s}",
-            "idle_timeout": f"idle_timeout_s={self.config.idle_timeout_s} without output",
-            "episode_timeout": f"episode_timeout_s={self.config.episode_timeout_s}",
+            Outcome.TURN_TIMEOUT: f"turn_timeout_s={self.config.turn_timeout_s}",
+            Outcome.IDLE_TIMEOUT: f"idle_timeout_s={self.config.idle_timeout_s} without output",
+            Outcome.EPISODE_TIMEOUT: f"episode_timeout_s={self.config.episode_timeout_s}",
         }[kind]
-        interrupt = self.harness.interrupt_lines()
-        if interrupt and self._write(interrupt):
-            deadline = time.monotonic() + min(INTERRUPT_GRACE_S, self.config.stop_grace_s)
-            while (remaining := deadline - time.monotonic()) > 0:
-                line = self.proc.read_line(remaining)
-                if line is None and self.proc.eof:
-                    break
-                if line is not None and self._take(line, events).turn_complete:
-                    break
+        # The turn is over whatever happens now: a fault while interrupting (stdin
+        # full, a crash, a bad line) only ends the wind-down early.
+        grace = time.monotonic() + min(INTERRUPT_GRACE_S, self.config.stop_grace_s)
+        with contextlib.suppress(TurnEnded):
+            with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's interrupt_lines()"):
+                interrupt = self.harness.interrupt_lines()
+            if interrupt:
+                self._write(interrupt, grace, "while interrupting")
+                while (remaining := grace - time.monotonic()) > 0:
+                    with self._faults(Outcome.HARNESS_CRASHED, "reading its output"):
+                        line = self.proc.read_line(remaining)
+                    if line is None and self.proc.eof:
+                        break
+                    if line is not None and self._take(line, events, grace).turn_complete:
+                        break
         message = f"the turn ran past {limit}"
-        event = _error_event(kind, message)
-        events.append(event)
-        self.emit(event)
+        self._record_error(kind, message, events)
         return TurnResult(
             response=_texts(events), events=tuple(events), error_type=kind, error=message
         )
 
-    def _bridge_down(self) -> str:
-        return self.bridge.failure if self.bridge is not None else ""
+    def _check_bridge(self) -> None:
+        """End the turn as ``bridge_failed`` if the env's MCP bridge died."""
+        if self.bridge is not None and (why := self.bridge.failure):
+            raise TurnEnded(Outcome.BRIDGE_FAILED, why)
 
-    def _bridge_failed(self, why: str, events: list[HarnessEvent]) -> TurnResult:
-        event = _error_event(Outcome.BRIDGE_FAILED.value, why)
+    def _record_error(self, kind: Outcome, message: str, events: list[HarnessEvent]) -> None:
+        """Add an ``error`` event for an outcome the env decided (a timeout)."""
+        event = HarnessEvent(EventType.ERROR, {"error_type": kind.value, "message": message})
         events.append(event)
         self.emit(event)
-        return TurnResult(
-            response=_texts(events),
-            events=tuple(events),
-            error_type=Outcome.BRIDGE_FAILED.value,
-            error=why,
-        )
-
-    def _crashed(self, events: list[HarnessEvent]) -> TurnResult:
-        error = self._exit_account("exited mid-turn")
-        return TurnResult(
-            response=_texts(events), events=tuple(events), error_type="harness_crashed", error=error
-        )
 
     def _exit_account(self, what: str) -> str:
         deadline = time.monotonic() + EXIT_WAIT_S
@@ -264,9 +367,61 @@ class TurnRunner:
         return f"; stderr tail:\n{tail}" if tail else ""
 
 
-def _error_event(kind: str, message: str) -> HarnessEvent:
-    """An ``error`` event recording an outcome the env decided (a timeout)."""
-    return HarnessEvent(EventType.ERROR, {"error_type": kind, "message": message})
+class _Faults:
+    """One call site of the fault boundary: maps what the call raised to ``TurnEnded``.
+
+    A plain class, not ``contextlib.contextmanager``: it wraps every line of every
+    turn, and entering it must cost next to nothing. Stateless, so reusable.
+    """
+
+    __slots__ = ("other", "runner", "what")
+
+    def __init__(self, runner: TurnRunner, other: Outcome, what: str) -> None:
+        self.runner, self.other, self.what = runner, other, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or isinstance(exc, TurnEnded) or not isinstance(exc, Exception):
+            return  # KeyboardInterrupt and friends pass through (the env handles them)
+        raise self.runner._outcome_of(exc, self.other, self.what) from exc
+
+
+class _Liveness:
+    """Reads lines for one turn (or the startup) and notices the harness's end.
+
+    The harness has ended when its output closed, or when the process we started
+    exited: then what it wrote before it died is still read (for at most
+    ``EXIT_DRAIN_S``: a descendant holding stdout may keep writing), and the turn
+    ends as ``harness_crashed``, unless those lines finished the turn.
+    """
+
+    def __init__(self, runner: TurnRunner) -> None:
+        self.runner = runner
+        self.next_check = time.monotonic()
+        self.exited_at: float | None = None
+
+    def read(self, timeout_s: float, when: str) -> str | None:
+        """The next line within ``timeout_s`` (``None`` if none came); ends the turn if dead."""
+        runner, proc = self.runner, self.runner.proc
+        now = time.monotonic()
+        if self.exited_at is None and now >= self.next_check:
+            self.next_check = now + LIVENESS_S
+            if proc.returncode is not None:
+                self.exited_at = now
+            runner._check_bridge()  # the harness may be waiting on a tool call that never ends
+        if self.exited_at is not None:
+            timeout_s = 0.0
+            if now - self.exited_at > EXIT_DRAIN_S:
+                runner._crash(f"exited {when}")
+        with runner._reading:
+            line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)))
+        if line is None and (proc.eof or self.exited_at is not None):
+            runner._crash(f"exited {when}")
+        return line
 
 
 def _texts(events: list[HarnessEvent]) -> str:

@@ -209,18 +209,18 @@ def process_tree(pid: int) -> list[int]:
     return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
 
 
-def killed_turn(
-    env: HarnessEnv, model: ScriptedModelServer, *, whole_tree: bool = False
-) -> tuple[Turn, list[int]]:
+def killed_turn(env: HarnessEnv, model: ScriptedModelServer) -> tuple[Turn, list[int]]:
     """A first turn during which the CLI gets SIGKILL once the model holds its request.
+
+    Only the pid the env started is killed, never its descendants: a launcher's
+    child that keeps stdout open must not hide the crash.
 
     Args:
         env: A fresh env; closed on return.
         model: The scripted model; stalled for the turn, released after.
-        whole_tree: Kill the CLI's descendants too (an npm wrapper and its binary).
 
     Returns:
-        The turn and the pids that were killed.
+        The turn and the pid that was killed.
     """
     pids: list[int] = []
 
@@ -234,7 +234,7 @@ def killed_turn(
 
     def arm() -> None:
         assert env.process is not None and env.process.pid is not None
-        pids.extend(process_tree(env.process.pid) if whole_tree else [env.process.pid])
+        pids.append(env.process.pid)
         model.stall()
         killer.start()
 

@@ -241,9 +241,10 @@ def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
 
 @real_cli(timeout=90)
 def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
-    turn, killed = killed_turn(claude_env(model), model)
+    turn, killed = killed_turn(claude_env(model), model)  # only the pid we started
     assert turn.terminated and not turn.truncated
-    assert turn.info["error_type"] == "harness_crashed"
+    assert turn.info["error_type"] == "harness_crashed", turn.info
+    assert turn.info["exit_code"] == -9
     assert_gone(killed)
 
 

@@ -4,7 +4,9 @@ the real ``codex app-server`` through HarnessEnv against the scripted model serv
 from __future__ import annotations
 
 import json
+import platform
 import stat
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
-from gym_harness.harnesses.codex import CodexHarness
+from gym_harness.harnesses.codex import _NATIVE, CodexHarness, native_codex
 
 # ---------------------------------------------------------------- offline
 
@@ -217,13 +219,50 @@ def test_a_stalled_model_truncates_the_turn(model: ScriptedModelServer) -> None:
 
 
 @real_cli(timeout=90)
-def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer) -> None:
-    # The whole tree: the npm wrapper and the binary it runs.
-    turn, killed = killed_turn(codex_env(model), model, whole_tree=True)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "npm-launcher"])
+def test_killing_the_cli_mid_turn_is_a_crash(model: ScriptedModelServer, native: bool) -> None:
+    # Only the pid we started: with native=False that is npm's node launcher, whose
+    # native child keeps stdout open; the turn must still end as a crash.
+    harness = CodexHarness(
+        executable=cli_path("codex"),
+        model="scripted-model",
+        base_url=model.openai_base_url,
+        native=native,
+    )
+    env = codex_env(model, harness=harness)
+    turn, killed = killed_turn(env, model)
     assert turn.reset_info["error_type"] == "", turn.reset_info
     assert turn.terminated and not turn.truncated
-    assert turn.info["error_type"] == "harness_crashed"
+    assert turn.info["error_type"] == "harness_crashed", turn.info
+    assert turn.info["exit_code"] == -9
     assert_gone(killed)
+
+
+def test_the_native_binary_is_started_when_found(tmp_path: Path) -> None:
+    package = tmp_path / "node_modules" / "@openai" / "codex"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text('{"name": "@openai/codex"}')
+    launcher = package / "bin" / "codex.js"
+    launcher.write_text("#!/usr/bin/env node\n")
+    launcher.chmod(0o755)
+    assert native_codex(str(launcher)) is None  # no platform package yet: the launcher runs
+    config = CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig())
+    assert config.command[0] == str(launcher)
+    key = (sys.platform, platform.machine())
+    if key not in _NATIVE:
+        pytest.skip(f"no Codex platform package for {key}")
+    name, triple = _NATIVE[key]
+    binary = tmp_path / "node_modules" / "@openai" / name / "vendor" / triple / "bin" / "codex"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    assert native_codex(str(launcher)) == (str(binary), str(package))
+    config = CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig())
+    assert config.command == (str(binary), "app-server")
+    assert config.env["CODEX_MANAGED_PACKAGE_ROOT"] == str(package)
+    off = CodexHarness(executable=str(launcher), native=False)
+    assert off.launch(make_ctx(tmp_path), HarnessConfig()).command[0] == str(launcher)
+    assert native_codex(str(binary)) is None  # already native
 
 
 @real_cli(timeout=90)

@@ -10,8 +10,9 @@ agents) needs the same few things:
   user already exported never lands in a config that may be recorded).
 * ``write_private``: write a config file readable by its owner only (0600):
   bridge tokens go there or in the environment, never in argv.
-* ``json_line`` / ``parse_object``: one JSON object per line, both ways;
-  ``not_json`` is the ``protocol_error`` for a line that is not one.
+* ``json_line`` / ``parse_object``: one JSON object per line, both ways (parsing
+  through the one bounded parser, ``gym_harness._json``); ``not_json`` is the
+  ``protocol_error`` for a line that is not one, naming the bound it broke.
 * ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed.
 * ``RpcIds``: JSON-RPC request ids and what each pending request was for.
 * ``toml_document``: a config dict as TOML (Codex and codex-acp read ``config.toml``).
@@ -26,8 +27,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gym_harness import _json
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import Feed
+from gym_harness.outcome import Outcome
 
 __all__ = [
     "MODEL_KEY_VAR",
@@ -122,25 +125,27 @@ def json_line(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def parse_object(line: str) -> dict[str, Any] | None:
-    """Parse ``line`` as one JSON object; ``None`` when it is anything else."""
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+def parse_object(line: str) -> tuple[dict[str, Any] | None, str]:
+    """Parse ``line`` as one JSON object, within the bounds of ``gym_harness._json``.
+
+    Returns:
+        ``(obj, "")``, or ``(None, why)`` when it is anything else (``why`` names
+        the bound a line broke: nesting depth, ``max_line_bytes``, digit count).
+    """
+    return _json.parse_object(line)
 
 
-def not_json(who: str, line: str) -> Feed:
+def not_json(who: str, line: str, why: str = "not JSON") -> Feed:
     """The ``protocol_error`` for a stdout line that is not a JSON object.
 
     Args:
         who: The harness as the message names it (``"codex"``, ``"the ACP agent"``).
         line: The line; its first 200 characters are quoted.
+        why: What is wrong with it (``parse_object``'s reason).
     """
     return Feed(
-        error_type="protocol_error",
-        error=f"{who} printed a non-JSON line on stdout: {line[:200]!r}",
+        error_type=Outcome.PROTOCOL_ERROR,
+        error=f"{who} printed a line on stdout that is not one JSON object ({why}): {line[:200]!r}",
     )
 
 
@@ -155,12 +160,13 @@ def turn_failed(
         error: The outcome's message for the user (says which harness failed).
         events: Events of the same line, kept before the ``error`` event.
     """
-    event = HarnessEvent(EventType.ERROR, {"error_type": "harness_error", "message": message})
+    kind = Outcome.HARNESS_ERROR
+    event = HarnessEvent(EventType.ERROR, {"error_type": kind.value, "message": message})
     return Feed(
         events=[*events, event],
         turn_complete=True,
         response=response,
-        error_type="harness_error",
+        error_type=kind,
         error=error,
     )
 

@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from gym_harness import _json
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
@@ -40,6 +41,7 @@ from gym_harness.harnesses._common import (
     turn_failed,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.outcome import Outcome
 
 __all__ = ["PRESETS", "PROTOCOL_VERSION", "ACPHarness"]
 
@@ -168,9 +170,9 @@ class ACPHarness(Harness):
         """Interpret one JSON-RPC message from the agent."""
         if not line.strip():
             return Feed()
-        msg = parse_object(line)
+        msg, why = parse_object(line)
         if msg is None:
-            return not_json("the ACP agent", line)
+            return not_json("the ACP agent", line, why)
         method = msg.get("method")
         if isinstance(method, str):
             if "id" in msg:
@@ -188,7 +190,7 @@ class ACPHarness(Harness):
         result = msg.get("result")
         if method == "initialize":
             if error is not None:
-                return _failed("startup_failed", f"the ACP agent refused initialize: {error}")
+                return _failed(Outcome.STARTUP_FAILED, f"the ACP agent refused initialize: {error}")
             self.agent_info = dict((result or {}).get("agentInfo") or {})
             assert self._ctx is not None
             params = {"cwd": str(self._ctx.workspace), "mcpServers": self.mcp_servers(self._ctx)}
@@ -196,7 +198,9 @@ class ACPHarness(Harness):
             return Feed(events=[event], replies=[self._ids.request("session/new", params)])
         if method == "session/new":
             if error is not None or not isinstance(result, dict) or not result.get("sessionId"):
-                return _failed("startup_failed", f"the ACP agent did not open a session: {error}")
+                return _failed(
+                    Outcome.STARTUP_FAILED, f"the ACP agent did not open a session: {error}"
+                )
             self.session_id = str(result["sessionId"])
             event = HarnessEvent(
                 EventType.OTHER, {"kind": "session_new", "session_id": self.session_id}
@@ -205,7 +209,9 @@ class ACPHarness(Harness):
         if method == "session/prompt":
             return self._prompt_done(result, error)
         if method is None:
-            return _failed("protocol_error", f"the ACP agent answered an unknown request: {msg}")
+            return _failed(
+                Outcome.PROTOCOL_ERROR, f"the ACP agent answered an unknown request: {msg}"
+            )
         return Feed(events=[HarnessEvent(EventType.OTHER, {"kind": method, "message": msg})])
 
     def _prompt_done(self, result: Any, error: Any) -> Feed:
@@ -365,8 +371,8 @@ class ACPHarness(Harness):
         return events
 
 
-def _failed(error_type: str, error: str) -> Feed:
-    event = HarnessEvent(EventType.ERROR, {"error_type": error_type, "message": error})
+def _failed(error_type: Outcome, error: str) -> Feed:
+    event = HarnessEvent(EventType.ERROR, {"error_type": error_type.value, "message": error})
     return Feed(events=[event], error_type=error_type, error=error)
 
 
@@ -394,7 +400,7 @@ def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
     text = _content_text(tool_call.get("content"))
     if text.startswith("{"):
         try:
-            parsed = json.loads(text)
+            parsed = _json.loads(text)
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}

@@ -73,8 +73,9 @@ class Feed:
         turn_complete: The line ended the current turn.
         response: The turn's reply text (with ``turn_complete``).
         done: The harness says the task is finished (with ``turn_complete``).
-        error_type: An outcome name when the line reports a failure
-            (``protocol_error``, ``startup_failed`` ...); ends the turn.
+        error_type: An ``Outcome`` when the line reports a failure
+            (``Outcome.PROTOCOL_ERROR``, ``Outcome.STARTUP_FAILED`` ...); ends the turn.
+            A ``feed`` that raises is the harness's ``protocol_error`` too (see ``turn.py``).
         error: A human-readable account of that failure.
     """
 

@@ -34,6 +34,7 @@ from gym_harness.harnesses._common import (
     write_private,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.outcome import Outcome
 
 __all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness"]
 
@@ -203,11 +204,11 @@ class ClaudeCodeHarness(Harness):
         """Map one stream-json line to events; ``result`` ends the turn."""
         if not line.strip():
             return Feed()
-        obj = parse_object(line)
+        obj, why = parse_object(line)
         if obj is None:
             if self._allow_plain_text:
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
-            return not_json("claude", line)
+            return not_json("claude", line, why)
         kind = obj.get("type")
         if kind == "system" and obj.get("subtype") == "init":
             return self._init(obj)
@@ -236,7 +237,7 @@ class ClaudeCodeHarness(Harness):
         )
         problem = self._tool_check(obj)
         if problem:
-            return Feed(events=[event], error_type="startup_failed", error=problem)
+            return Feed(events=[event], error_type=Outcome.STARTUP_FAILED, error=problem)
         return Feed(events=[event])
 
     def _tool_check(self, obj: dict[str, Any]) -> str:

@@ -12,13 +12,23 @@ and the episode is ready once the env server lists every env tool. The bridge
 token reaches Codex through an environment variable named by the server
 entry's ``bearer_token_env_var``: never argv, never a file. Each turn is a
 ``turn/start``; ``turn/completed`` ends it; ``turn/interrupt`` stops it.
+
+npm installs ``codex`` as a node launcher (``@openai/codex/bin/codex.js``) that
+starts the native binary of a platform package. The adapter starts that binary
+directly when it finds it (``native_codex``): the pid the env watches is then
+Codex itself, not a launcher whose death the binary would outlive, and a node
+process and its start-up are saved.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
@@ -41,8 +51,9 @@ from gym_harness.harnesses.codex_config import (
     catalog_entry,
     codex_config,
 )
+from gym_harness.outcome import Outcome
 
-__all__ = ["CodexHarness"]
+__all__ = ["CodexHarness", "native_codex"]
 
 #: The variable holding the bridge token (named by the MCP entry's ``bearer_token_env_var``).
 TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
@@ -54,6 +65,13 @@ _DECLINE: dict[str, Any] = {
     "applyPatchApproval": {"decision": "denied"},
     "item/permissions/requestApproval": {"permissions": {}, "scope": "turn"},
     "item/tool/requestUserInput": {"answers": {}},
+}
+#: (sys.platform, machine) -> the npm platform package and the target triple in it.
+_NATIVE = {
+    ("linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
+    ("linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
+    ("darwin", "x86_64"): ("codex-darwin-x64", "x86_64-apple-darwin"),
+    ("darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
 }
 #: Thread items that are tool calls, and the name an event gives them.
 _TOOL_ITEMS = {"commandExecution": "shell", "fileChange": "apply_patch", "webSearch": "web_search"}
@@ -76,6 +94,8 @@ class CodexHarness(Harness):
         extra_config: More ``config.toml`` keys, merged over ours (nested dicts are tables).
         extra_args: More ``codex`` arguments, placed before ``app-server``
             (``["-c", "key=value"]``).
+        native: When ``executable`` is npm's node launcher, start the native binary
+            it would start instead (when it can be found; see ``native_codex``).
 
     Example:
         >>> import gymnasium
@@ -95,8 +115,10 @@ class CodexHarness(Harness):
         model_catalog: bool | Mapping[str, Any] | None = None,
         extra_config: Mapping[str, Any] | None = None,
         extra_args: Sequence[str] = (),
+        native: bool = True,
     ) -> None:
         self.executable = executable
+        self.native = native
         self.model = model
         self.base_url = base_url
         self.api_key_env = api_key_env
@@ -159,7 +181,16 @@ class CodexHarness(Harness):
             extra=self.extra_config,
         )
         write_private(codex_home / "config.toml", toml)
-        command = [self.executable, *self.extra_args, "app-server"]
+        executable = self.executable
+        if self.native:
+            path = config.env.get("PATH") or os.environ.get("PATH", os.defpath)
+            native = native_codex(executable, path)
+            if native is not None:
+                executable, package = native
+                # What the launcher itself sets for the binary (update hints).
+                env["CODEX_MANAGED_PACKAGE_ROOT"] = package
+                env["CODEX_MANAGED_BY_NPM"] = "1"
+        command = [executable, *self.extra_args, "app-server"]
         return config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
 
     def _catalog(self) -> dict[str, Any] | None:
@@ -200,9 +231,9 @@ class CodexHarness(Harness):
         """Map one JSON-RPC message to events, replies, readiness or the end of a turn."""
         if not line.strip():
             return Feed()
-        msg = parse_object(line)
+        msg, why = parse_object(line)
         if msg is None:
-            return not_json("codex", line)
+            return not_json("codex", line, why)
         if "method" in msg and "id" in msg:
             return self._server_request(msg)
         if "method" in msg:
@@ -220,7 +251,9 @@ class CodexHarness(Harness):
                 else msg["error"]
             )
             kind = (
-                "protocol_error" if method in ("turn/start", "turn/interrupt") else "startup_failed"
+                Outcome.PROTOCOL_ERROR
+                if method in ("turn/start", "turn/interrupt")
+                else Outcome.STARTUP_FAILED
             )
             return Feed(error_type=kind, error=f"codex answered {method} with an error: {error}")
         result = msg.get("result") or {}
@@ -270,7 +303,7 @@ class CodexHarness(Harness):
         if not missing and entries:
             return Feed(ready=True)
         why = entries[0].get("toolsError") if entries else "not listed"
-        return Feed(error_type="startup_failed", error=self._missing(missing, why))
+        return Feed(error_type=Outcome.STARTUP_FAILED, error=self._missing(missing, why))
 
     def _missing(self, missing: Sequence[str], why: Any) -> str:
         assert self._ctx is not None
@@ -330,7 +363,8 @@ class CodexHarness(Harness):
             return self._maybe_list()
         if status in ("failed", "cancelled"):
             return Feed(
-                error_type="startup_failed", error=self._missing((), params.get("error") or status)
+                error_type=Outcome.STARTUP_FAILED,
+                error=self._missing((), params.get("error") or status),
             )
         return Feed()
 
@@ -417,3 +451,40 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
     return "" if content is None else str(content)
+
+
+def native_codex(executable: str, path: str | None = None) -> tuple[str, str] | None:
+    """The native binary that npm's ``codex`` launcher would start, if it is installed.
+
+    Looks where the launcher looks: the platform package (``@openai/codex-linux-x64``
+    ...) next to ``@openai/codex`` or inside its own ``node_modules``, then the
+    package's own ``vendor`` directory.
+
+    Args:
+        executable: ``"codex"`` (looked up on ``path``) or a path to it.
+        path: The ``PATH`` to search; ``None`` for ours.
+
+    Returns:
+        ``(binary, package_root)``, or ``None`` when ``executable`` is not the node
+        launcher (a native ``codex`` already, say) or the binary is not found.
+    """
+    found = executable if os.sep in executable else shutil.which(executable, path=path)
+    if not found:
+        return None
+    launcher = Path(found).resolve()
+    package = launcher.parent.parent
+    if launcher.suffix != ".js" or not (package / "package.json").is_file():
+        return None
+    known = _NATIVE.get((sys.platform, platform.machine()))
+    if known is None:
+        return None
+    name, triple = known
+    for vendor in (
+        package.parent / name / "vendor",
+        package / "node_modules" / "@openai" / name / "vendor",
+        package / "vendor",
+    ):
+        binary = vendor / triple / "bin" / "codex"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary), str(package)
+    return None

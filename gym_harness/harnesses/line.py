@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
-from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
+from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base, parse_object
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.outcome import Outcome
 
 __all__ = ["CommandHarness", "ReferenceHarness"]
 
@@ -72,17 +73,15 @@ class CommandHarness(Harness):
         return [json.dumps({"type": "message", "content": text})]
 
     def feed(self, line: str) -> Feed:
-        try:
-            obj: Any = json.loads(line)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        obj, why = parse_object(line)
+        if obj is None or not isinstance(obj.get("type"), str):
             if self._plain_text:
                 self._texts.append(line)
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
             return Feed(
-                error_type="protocol_error",
-                error=f"expected one JSON object with a 'type' per line, got {line[:200]!r}",
+                error_type=Outcome.PROTOCOL_ERROR,
+                error=f"expected one JSON object with a 'type' per line ({why or 'no type'}), "
+                f"got {line[:200]!r}",
             )
         kind = obj.pop("type")
         if kind == "ready":
