@@ -214,7 +214,8 @@ class TurnRunner:
                         )
                     return TurnResult(response=feed.response, events=tuple(events), done=feed.done)
         except TurnEnded as end:
-            if end.outcome.truncates:
+            # Outcomes no harness line reported (deadlines, a dead bridge) get an event.
+            if end.outcome.truncates or end.outcome is Outcome.BRIDGE_FAILED:
                 self._record_error(end.outcome, end.message, events)
             return TurnResult(
                 response=_texts(events),
