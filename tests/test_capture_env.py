@@ -348,6 +348,12 @@ def test_stall_ends_the_turn_at_its_deadline(
     env = streaming_env(srv, tmp_path, **kwargs) if streaming else reference_env(srv, **kwargs)
     try:
         env.reset()
+        # A first turn warms the agent: the reference agent imports its HTTP and MCP
+        # clients (seconds on a loaded machine, with no output) before its first model
+        # call, which would otherwise spend the 2 s idle budget before the call is made.
+        _, _, terminated, truncated, info = env.step("warm up")
+        assert not (terminated or truncated), info["error"]
+        assert model_calls(info)[-1]["outcome"] == "ok"
         srv.stall(after=2 if streaming else None)
         _, _, terminated, truncated, info = env.step("please add")
     finally:
