@@ -21,6 +21,7 @@ leaves nothing behind either.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import weakref
@@ -45,10 +46,8 @@ def _new_segment() -> int:
 
 def _close_all(fds: Sequence[int]) -> None:
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 class TextSegments:

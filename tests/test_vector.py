@@ -101,8 +101,11 @@ def test_async_mode_works_as_is(terminate: bool) -> None:
         assert envs.shared_memory
         prompts, _ = envs.reset(seed=0)
         replies, rewards, terminated, _, info = envs.step(prompts)
-        assert all(prompt and reply.startswith(f"You said: {prompt.splitlines()[0]}")
-                   for prompt, reply in zip(prompts, replies, strict=True))
+        assert not terminated.any()
+        assert all(
+            prompt and reply.startswith(f"You said: {prompt.splitlines()[0]}")
+            for prompt, reply in zip(prompts, replies, strict=True)
+        )
         assert list(info["error_type"]) == ["", ""] and list(rewards) == [1.0, 1.0]
         workers = [psutil.Process(p.pid) for p in envs.processes]
     finally:
