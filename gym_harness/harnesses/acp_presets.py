@@ -13,7 +13,8 @@ Where each agent gets the env MCP server, and why:
   MCP tools hide behind it and the model must search before it can call them.
 * Gemini CLI: its ``settings.json`` (0600, holds the token), with
   ``GEMINI_CLI_TRUST_WORKSPACE=true``: an untrusted workspace starts no MCP server.
-* claude-agent-acp, codex-acp: ``session/new`` (not installed here; untested).
+* claude-agent-acp (0.101.0), codex-acp (0.16.0): ``session/new``; both ask permission
+  for every MCP call, which the client grants for env tools.
 """
 
 from __future__ import annotations
@@ -269,7 +270,11 @@ class GeminiCLIHarness(_Preset):
 
 
 class ClaudeAgentACPHarness(_Preset):
-    """claude-agent-acp (Claude Code behind ACP). Untested here: not installed."""
+    """claude-agent-acp (Claude Code behind ACP, ``@agentclientprotocol/claude-agent-acp``).
+
+    Its session starts in the ``default`` permission mode (not ``auto``, whose
+    classifier blocks tool calls) and with tool search off (MCP tools offered directly).
+    """
 
     name: ClassVar[str] = "claude_agent_acp"
     who: ClassVar[str] = "claude-agent-acp"
@@ -309,7 +314,7 @@ class ClaudeAgentACPHarness(_Preset):
 
 
 class CodexACPHarness(_Preset):
-    """codex-acp (Codex behind ACP). Untested here: not installed.
+    """codex-acp (Codex behind ACP, ``@zed-industries/codex-acp``).
 
     Point ``executable`` at the native binary of its platform package: the JS
     wrapper does not forward SIGTERM.
