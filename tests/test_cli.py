@@ -118,6 +118,15 @@ def test_set_with_python_syntax_is_a_json_error_with_a_shell_safe_example() -> N
     assert "outcome: done" in ran.stdout
 
 
+def test_a_bare_word_where_a_list_is_needed_gets_a_shell_safe_example() -> None:
+    result = cli("run", "--env", "gym_harness/Command-v0", "--set", "command=python")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert "must be a list of strings, got 'python'" in line
+    assert """--set 'command=["python","agent.py"]'""" in line
+    assert shlex.split("--set 'command=[\"python\",\"agent.py\"]'")[1].startswith("command=[")
+
+
 def test_set_keeps_bare_words_as_strings_and_parses_json() -> None:
     result = cli("run", "--env", "gym_harness/Command-v0", "--set", command_set(),
                  "--set", "idle_timeout_s=30", "--set", "allow_plain_text=false",
