@@ -124,7 +124,7 @@ def test_a_bare_word_where_a_list_is_needed_gets_a_shell_safe_example() -> None:
     line = result.stderr.strip()
     assert "must be a list of strings, got 'python'" in line
     assert """--set 'command=["python","agent.py"]'""" in line
-    example = line.split("gym-harness: --set ", 2)[2].rsplit(")", 1)[0]
+    example = line.split("gym-harness: --set ", 1)[1].rsplit(")", 1)[0]
     (pair,) = shlex.split(example)  # what the shell hands over: one argument, valid JSON
     assert json.loads(pair.partition("=")[2]) == ["python", "agent.py"]
 
