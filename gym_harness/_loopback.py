@@ -68,6 +68,34 @@ _BASE_CONFIG: dict[str, Any] = {
 }
 
 
+class _ShutdownNoise(logging.Filter):
+    """Drops uvicorn's reports of the requests our own ``stop`` cancels.
+
+    A harness may hold a request open (a tool call, an SSE stream) when its server
+    stops; uvicorn then logs "Cancel N running task(s)" and, for each task, "Exception
+    in ASGI application" with a ``CancelledError`` traceback at ERROR. With no logging
+    configured, Python prints those to the terminal. They are expected, so they are
+    kept at DEBUG on our logger; records from anyone else's uvicorn pass untouched
+    (only our server threads are filtered, by name).
+    """
+
+    threads: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if threading.current_thread().name not in self.threads:
+            return True
+        cancelled = record.exc_info is not None and isinstance(
+            record.exc_info[1], asyncio.CancelledError
+        )
+        if cancelled or "graceful shutdown exceeded" in record.getMessage():
+            logger.debug("while stopping: %s", record.getMessage())
+            return False
+        return True
+
+
+_shutdown_noise = _ShutdownNoise()
+
+
 class _State(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -191,6 +219,10 @@ class LoopbackServer:
             raise self._error(f"this {self._label} server was already started")
         import uvicorn
 
+        _ShutdownNoise.threads.add(self._thread_name)
+        uvicorn_errors = logging.getLogger("uvicorn.error")
+        if _shutdown_noise not in uvicorn_errors.filters:
+            uvicorn_errors.addFilter(_shutdown_noise)
         config = uvicorn.Config(self._app, **self._options)
         config.load()
         sock: socket.socket | None = None

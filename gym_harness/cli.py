@@ -4,14 +4,19 @@
     gym-harness run --env ID --message "fix the test" --set model=M
     gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
 
-Bad input (a missing file, bad JSON, an unknown env id or option) exits with
-status 2 and one line saying what to fix.
+Exit status of ``run``: 0 when the episode had no fault (the harness finished, or
+was still running when the messages ran out), 1 when a turn failed (a crash, a
+protocol or harness error, a timeout), 3 when the harness never started
+(``startup_failed``). Bad input (a missing file, bad JSON, an unknown env id or
+option) exits with 2 and one line saying what to fix; Ctrl-C with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -22,12 +27,24 @@ import gymnasium
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.outcome import Outcome
 from gym_harness.rollout import run_episode
 from gym_harness.tasks import Task, load_tasks
 
 __all__ = ["main"]
 
 DEFAULT_ENV = "gym_harness/Reference-v0"
+
+#: Exit statuses (``gym-harness run``); see the module docstring.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STARTUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_EXIT_HELP = (
+    "exit status of run: 0 the episode had no fault (finished, or still running when the "
+    "messages ran out); 1 a turn failed (harness_crashed, protocol_error, harness_error, "
+    "a timeout ...); 3 the harness never started (startup_failed); 2 bad input; 130 Ctrl-C. "
+    "rollout exits 0 once every record is written (each record has its outcome)."
+)
+#: A VALUE starting with one of these must be JSON (a list, an object, a quoted string).
+_JSON_STARTS = ("[", "{", '"')
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,14 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, HarnessError, gymnasium.error.Error, OSError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"gym-harness: error: {message}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gym-harness", description="Agentic harnesses as Gymnasium environments."
+        prog="gym-harness",
+        description="Agentic harnesses as Gymnasium environments.",
+        epilog=_EXIT_HELP,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -59,20 +78,44 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="env keyword (a HarnessConfig field or harness option); VALUE is JSON or a string",
+        help="env keyword (a HarnessConfig field or harness option); VALUE is JSON, quoted "
+        'for the shell (--set \'command=["python","agent.py"]\'), or a bare word taken '
+        "as a string (--set model=sonnet)",
     )
-    common.add_argument(
-        "--max-turns", type=int, default=None, help="stop an episode after this many turns"
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run one episode and print its transcript",
+        description="Run one episode and print its transcript.",
+        epilog=_EXIT_HELP,
     )
-    run = sub.add_parser("run", parents=[common], help="run one episode and print its transcript")
-    run.add_argument("--task", help="task id (default: picked with --seed)")
+    run.add_argument("--task", help="task id (default: picked with --seed; none with --message)")
     run.add_argument(
         "--message",
         action="append",
         default=[],
         help="a user message (repeat for several turns; default: the task prompt)",
     )
-    roll = sub.add_parser("rollout", parents=[common], help="run N episodes per task to JSONL")
+    run.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="stop after this many turns (default: one turn per message)",
+    )
+    roll = sub.add_parser(
+        "rollout",
+        parents=[common],
+        help="run N episodes per task to JSONL",
+        description="Run N episodes per task; write one JSON record per episode.",
+        epilog="rollout exits 0 once every record is written (each record has its outcome), "
+        "2 on bad input, 130 on Ctrl-C.",
+    )
+    roll.add_argument(
+        "--max-turns",
+        type=int,
+        default=1,
+        help="turns per episode: the task prompt, then --follow-up (default: %(default)s)",
+    )
     roll.add_argument("tasks", type=Path, help="tasks JSONL file ({id, prompt, files?, meta?})")
     roll.add_argument("-n", type=int, default=1, help="episodes per task")
     roll.add_argument("--out", type=Path, required=True, help="output JSONL, a record an episode")
@@ -102,12 +145,39 @@ def _env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
-        try:
-            kwargs[key] = json.loads(raw)
-        except ValueError:
-            kwargs[key] = raw
+            raise ConfigError(
+                f"--set takes KEY=VALUE, got {pair!r}; for example --set model=sonnet or "
+                """--set 'command=["python","agent.py"]'."""
+            )
+        kwargs[key] = _set_value(key, raw)
     return kwargs
+
+
+def _set_value(key: str, raw: str) -> Any:
+    """``raw`` as JSON; a bare word that is no JSON (``sonnet``, a URL) is a string."""
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        if not raw.lstrip().startswith(_JSON_STARTS):
+            return raw
+        error = exc if isinstance(exc, json.JSONDecodeError) else None
+        where = f" at column {error.colno} ({error.msg})" if error else ""
+        raise ConfigError(
+            f"--set {key}: {raw!r} is not valid JSON{where}. Write JSON (double quotes) and "
+            f"quote the whole pair for the shell, e.g. --set {_shell_example(key, raw)}."
+        ) from exc
+
+
+def _shell_example(key: str, raw: str) -> str:
+    """``KEY=VALUE`` as JSON, quoted for a POSIX shell (a Python literal is converted)."""
+    try:
+        value = ast.literal_eval(raw)
+        text = json.dumps(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        text = '["python", "agent.py"]' if raw.lstrip().startswith("[") else '{"key": "value"}'
+        if raw.lstrip().startswith('"'):
+            text = '"text"'
+    return shlex.quote(f"{key}={text}")
 
 
 def _make(env_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[str, str]:
@@ -116,10 +186,16 @@ def _make(env_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[str, str]:
 
 def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     env = _make(args.env, kwargs)
+    messages = list(args.message)
     try:
-        options = {"task_id": args.task} if args.task else None
+        options: dict[str, Any] | None = None
+        if args.task:
+            options = {"task_id": args.task}
+        elif messages:
+            # Your own messages, not a demo task's: no task header, no score against one.
+            options = {"task": {"id": "message", "prompt": messages[0]}}
         prompt, _ = env.reset(seed=args.seed, options=options)
-        messages = list(args.message) or ([prompt] if prompt else ["Hello!"])
+        messages = messages or ([prompt] if prompt else ["Hello!"])
         if args.max_turns is not None:
             messages = messages[: args.max_turns]
         for message in messages:
@@ -128,10 +204,23 @@ def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                 break
         trajectory = env.unwrapped.trajectory  # type: ignore[attr-defined]
         sys.stdout.write(trajectory.transcript())
-        print(f"outcome: {trajectory.outcome}   reward: {trajectory.total_reward:g}")
+        outcome, status = _run_outcome(trajectory.outcome, len(trajectory.turns))
+        print(f"outcome: {outcome}   reward: {trajectory.total_reward:g}")
     finally:
         env.close()
-    return 0
+    return status
+
+
+def _run_outcome(outcome: str, turns: int) -> tuple[str, int]:
+    """The outcome line's text and the exit status of ``run``."""
+    if outcome == "running":  # the messages ran out, not the harness
+        plural = "s" if turns != 1 else ""
+        return f"ok (the episode was still running after {turns} turn{plural})", EXIT_OK
+    if outcome in ("done", "truncated"):
+        return outcome, EXIT_OK
+    if outcome == Outcome.STARTUP_FAILED:
+        return outcome, EXIT_STARTUP_FAILED
+    return outcome, EXIT_FAILED
 
 
 def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
@@ -140,7 +229,9 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     tasks = load_tasks(args.tasks)
     if not tasks:
         raise ConfigError(f"{args.tasks} holds no tasks")
-    max_turns = args.max_turns or 1
+    max_turns = args.max_turns
+    if max_turns < 1:
+        raise ConfigError(f"--max-turns must be at least 1, got {max_turns}")
     if args.capture:
         kwargs.update(
             capture=True,

@@ -159,8 +159,9 @@ FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(HarnessConfig))
 def _str_tuple(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise ConfigError(
-            f"HarnessConfig.{name} must be a list of strings, got {value!r}; "
-            f"for example {name}=['python', 'agent.py']."
+            f"HarnessConfig.{name} must be a list of strings, got {value!r}; for example "
+            f'{name}=["python", "agent.py"] '
+            f"""(gym-harness: --set '{name}=["python","agent.py"]')."""
         )
     items = tuple(value)
     if not all(isinstance(item, str) for item in items):

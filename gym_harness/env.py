@@ -132,6 +132,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.harness = make_harness(harness, harness_kwargs)
         self.config = self.harness.default_config().replace(**config_kwargs)
         self.harness.check_config(self.config)
+        self.harness.preflight(self.config, captured=capture)
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
         if workspace is not None and not Path(workspace).is_dir():

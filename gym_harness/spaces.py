@@ -6,10 +6,12 @@ hundreds of MB to build. A harness's messages and replies are free text, so
 this space describes "any ``str`` of bounded length that is valid Unicode"
 with a length check and one encode, and samples without any table.
 
-The vector-env helpers of gymnasium dispatch on the space type; the two that
-have no generic fallback (``create_empty_array`` and ``batch_differing_spaces``)
-are registered for ``UnicodeText`` at the end of this module, so
-``SyncVectorEnv`` / ``AsyncVectorEnv`` (with ``shared_memory=False``) accept it.
+The vector-env helpers of gymnasium dispatch on the space type; the ones that
+have no generic fallback (``create_empty_array``, ``batch_differing_spaces`` and
+the three shared-memory functions) are registered for ``UnicodeText`` at the end
+of this module, so ``SyncVectorEnv`` and ``AsyncVectorEnv`` accept it as they are
+(shared memory on or off; see ``gym_harness._text_memory`` for how text of any
+length fits gymnasium's fixed shared buffers).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from typing import Any
 
 import numpy as np
 from gymnasium.spaces import Space, Tuple
-from gymnasium.vector.utils import batch_differing_spaces, create_empty_array
+from gymnasium.vector.utils import (
+    batch_differing_spaces,
+    create_empty_array,
+    create_shared_memory,
+    read_from_shared_memory,
+    write_to_shared_memory,
+)
+
+from gym_harness._text_memory import TextBatchView, TextSegments
 
 __all__ = ["UnicodeText"]
 
@@ -207,3 +217,28 @@ def _create_empty_array_unicode_text(
 @batch_differing_spaces.register(UnicodeText)
 def _batch_differing_unicode_text(spaces: Sequence[UnicodeText]) -> Tuple:  # type: ignore[misc]
     return Tuple([deepcopy(space) for space in spaces], seed=deepcopy(spaces[0].np_random))
+
+
+# AsyncVectorEnv(shared_memory=True): one growable segment per sub-env (see _text_memory).
+# ``ctx`` is gymnasium's multiprocessing context; the segments need none of its objects.
+@create_shared_memory.register(UnicodeText)
+def _create_shared_memory_unicode_text(
+    space: UnicodeText, n: int = 1, ctx: Any = None
+) -> TextSegments:
+    return TextSegments(n)
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_from_shared_memory_unicode_text(
+    space: UnicodeText, shared_memory: TextSegments, n: int = 1
+) -> TextBatchView:
+    return TextBatchView(shared_memory)
+
+
+@write_to_shared_memory.register(UnicodeText)
+def _write_to_shared_memory_unicode_text(
+    space: UnicodeText, index: int, value: str, shared_memory: TextSegments
+) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"a UnicodeText observation must be a str, got {type(value)!r}")
+    shared_memory.write(index, value)

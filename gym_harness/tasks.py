@@ -47,12 +47,17 @@ class Task:
         unknown = sorted(set(data) - {"id", "prompt", "files", "meta"})
         if unknown:
             raise ConfigError(f"{where}: unknown keys {unknown}; allowed: id, prompt, files, meta.")
-        task_id, prompt = data.get("id"), data.get("prompt", "")
+        if "prompt" not in data:
+            raise ConfigError(
+                f"{where}: the task has no 'prompt' (its first message); add one, e.g. "
+                '{"id": "t1", "prompt": "Add 2 and 3"}.'
+            )
+        task_id, prompt = data.get("id"), data["prompt"]
         files, meta = data.get("files") or {}, data.get("meta") or {}
         if not isinstance(task_id, str | int) or isinstance(task_id, bool) or task_id == "":
             raise ConfigError(f"{where}: 'id' must be a non-empty string, got {task_id!r}.")
-        if not isinstance(prompt, str):
-            raise ConfigError(f"{where}: 'prompt' must be a string, got {prompt!r}.")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ConfigError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}.")
         if not isinstance(files, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in files.items()
         ):

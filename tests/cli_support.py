@@ -188,7 +188,10 @@ def two_turns(
         assert info2["error_type"] == "", info2
         assert SECOND in reply2
         assert calls.seen == [(20, 22)]
-        last = model.requests(api)[-1]
+        # The agent's own turns offer tools; side requests (claude-agent-acp titles the
+        # session with a model call of its own, at any moment) offer none.
+        turns = [r for r in model.requests(api) if isinstance(r.body, dict) and r.body.get("tools")]
+        last = turns[-1]
         sent = json.dumps(last.body)
         assert FIRST in sent and SECOND in sent  # turn 1 is still in the context
         return TwoTurns(reply, info, last)

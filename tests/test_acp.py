@@ -209,19 +209,26 @@ def _cli_kwargs(name: str, srv: ScriptedModelServer) -> dict[str, Any]:
         return {"executable": cli_path("opencode"), "base_url": srv.openai_base_url}
     if name == "qwen_code":
         return {"executable": cli_path("qwen"), "base_url": srv.openai_base_url}
+    if name == "claude_agent_acp":
+        return {"executable": cli_path("claude-agent-acp"), "base_url": srv.base_url}
+    if name == "codex_acp":
+        # The native binary: its npm wrapper does not forward signals.
+        return {"executable": cli_path("codex-acp-linux-x64"), "base_url": srv.openai_base_url}
     return {"executable": cli_path("gemini"), "base_url": srv.base_url}
 
 
-AGENTS = ["opencode", "qwen_code", "gemini_cli"]
-#: The agents that run on an OpenAI-compatible endpoint (the stall and crash tests).
-OPENAI_AGENTS = ["opencode", "qwen_code"]
+AGENTS = ["opencode", "qwen_code", "gemini_cli", "claude_agent_acp", "codex_acp"]
+#: The API-key variable each agent's preset reads.
+KEY_VARS = {"gemini_cli": "GEMINI_API_KEY", "claude_agent_acp": "ANTHROPIC_API_KEY"}
+#: The agents of the stall, crash and broken-config tests (all but Gemini CLI).
+OPENAI_AGENTS = ["opencode", "qwen_code", "claude_agent_acp", "codex_acp"]
 
 
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[ScriptedModelServer]:
     # The preset copies the key into the agent's environment.
-    key_var = "GEMINI_API_KEY" if name == "gemini_cli" else "OPENAI_API_KEY"
-    yield from adding_model(monkeypatch, key_var)
+    key_var = KEY_VARS.get(name, "OPENAI_API_KEY")
+    yield from adding_model(monkeypatch, key_var, unset=("ANTHROPIC_AUTH_TOKEN",))
 
 
 def agent_env(

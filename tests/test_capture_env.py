@@ -27,8 +27,10 @@ from gym_harness.chat_format import exchange_messages, exchange_records
 REAL_KEY = "sk-real-upstream-key-7f3a"
 KEY_VAR = "TEST_REAL_KEY"
 
-# A line-protocol agent that streams one chat completion per message from OPENAI_BASE_URL
-# and reports the exact bytes it received (as an "other" event) and any transport error.
+# A line-protocol agent that asks for one chat completion per message from OPENAI_BASE_URL
+# (streamed, or not with the argument "plain") and reports the exact bytes it received (as
+# an "other" event) and any transport error. Everything but the request itself is done
+# before "ready", so a message becomes a model call at once, however loaded the machine.
 STREAMING_AGENT = textwrap.dedent(
     """
     import json, os, sys
@@ -38,21 +40,27 @@ STREAMING_AGENT = textwrap.dedent(
         sys.stdout.write(json.dumps(obj) + "\\n")
         sys.stdout.flush()
 
+    stream = sys.argv[1:] != ["plain"]
     url = os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
     headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+    client = httpx2.Client(timeout=30, trust_env=False)
     emit({"type": "ready"})
-    with httpx2.Client(timeout=30, trust_env=False) as client:
+    with client:
         for line in sys.stdin:
             content = json.loads(line)["content"]
-            body = {"model": "m", "stream": True, "stream_options": {"include_usage": True},
-                    "return_token_ids": True, "messages": [{"role": "user", "content": content}]}
+            body = {"model": "m", "stream": stream, "return_token_ids": True,
+                    "messages": [{"role": "user", "content": content}]}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
             received, text, status = b"", "", 0
             try:
                 with client.stream("POST", url, json=body, headers=headers) as resp:
                     status = resp.status_code
                     for chunk in resp.iter_raw():
                         received += chunk
-                for event in received.decode().split("\\n\\n"):
+                if not stream and status < 400:
+                    text = json.loads(received)["choices"][0]["message"]["content"] or ""
+                for event in received.decode().split("\\n\\n") if stream else ():
                     data = event.partition("data: ")[2]
                     if data and data != "[DONE]":
                         for choice in json.loads(data).get("choices") or []:
@@ -98,11 +106,14 @@ def reference_env(srv: ScriptedModelServer, **kwargs: Any) -> HarnessEnv:
     )
 
 
-def streaming_env(srv: ScriptedModelServer, tmp_path: Path, **kwargs: Any) -> HarnessEnv:
+def streaming_env(
+    srv: ScriptedModelServer, tmp_path: Path, *, plain: bool = False, **kwargs: Any
+) -> HarnessEnv:
     script = tmp_path / "streaming_agent.py"
     script.write_text(STREAMING_AGENT)
     # The reference adapter hands OPENAI_BASE_URL / OPENAI_API_KEY to whatever command runs.
-    return reference_env(srv, command=[sys.executable, str(script)], **kwargs)
+    command = [sys.executable, str(script), *(["plain"] if plain else [])]
+    return reference_env(srv, command=command, **kwargs)
 
 
 def model_calls(info: dict[str, Any]) -> list[dict[str, Any]]:
@@ -344,10 +355,10 @@ def test_drop_mid_stream_breaks_the_harness_connection(
 def test_stall_ends_the_turn_at_its_deadline(
     srv: ScriptedModelServer, tmp_path: Path, streaming: bool
 ) -> None:
-    # The streaming agent, whose client is imported before it says ready: the reference
-    # agent imports its own lazily, which on a loaded machine can outlast idle_timeout_s
-    # before its first model call. Not streaming: the upstream sends not even headers.
-    env = streaming_env(srv, tmp_path, turn_timeout_s=8, idle_timeout_s=2)
+    kwargs = {"turn_timeout_s": 10, "idle_timeout_s": 4}
+    # Not the reference agent: its first turn imports and connects with no output
+    # before its model call (seconds on a loaded machine, the whole idle budget).
+    env = streaming_env(srv, tmp_path, plain=not streaming, **kwargs)
     try:
         env.reset()
         srv.stall(after=2 if streaming else None)

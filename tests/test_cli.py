@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 AGENT = str(Path(__file__).with_name("line_agent.py"))
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -91,3 +94,148 @@ def test_bad_json_in_tasks_file(tmp_path: Path) -> None:
     result = cli("rollout", str(tasks), "--out", str(tmp_path / "o.jsonl"))
     assert result.returncode == 2
     assert "tasks.jsonl:2: not valid JSON" in result.stderr
+
+
+# ---------------------------------------------------------------- the first hour (issue 16)
+
+
+def command_set(*args: str) -> str:
+    """A ``--set`` pair running the line agent (JSON, as the shell passes it)."""
+    return "command=" + json.dumps([sys.executable, AGENT, *args])
+
+
+def test_set_with_python_syntax_is_a_json_error_with_a_shell_safe_example() -> None:
+    result = cli("run", "--set", f"command=['{sys.executable}', '{AGENT}']")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "is not valid JSON at column 2" in line
+    example = line.split("e.g. --set ", 1)[1].rstrip(".")
+    # The example, pasted into a real shell, runs.
+    shell = f"{shlex.quote(sys.executable)} -m gym_harness run --env gym_harness/Command-v0 "
+    shell += f"--set {example} --message /done"
+    ran = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=90)
+    assert ran.returncode == 0, ran.stderr
+    assert "outcome: done" in ran.stdout
+
+
+def test_a_bare_word_where_a_list_is_needed_gets_a_shell_safe_example() -> None:
+    result = cli("run", "--env", "gym_harness/Command-v0", "--set", "command=python")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert "must be a list of strings, got 'python'" in line
+    assert """--set 'command=["python","agent.py"]'""" in line
+    example = line.split("gym-harness: --set ", 1)[1].rsplit(")", 1)[0]
+    (pair,) = shlex.split(example)  # what the shell hands over: one argument, valid JSON
+    assert json.loads(pair.partition("=")[2]) == ["python", "agent.py"]
+
+
+def test_set_keeps_bare_words_as_strings_and_parses_json() -> None:
+    result = cli("run", "--env", "gym_harness/Command-v0", "--set", command_set(),
+                 "--set", "idle_timeout_s=30", "--set", "allow_plain_text=false",
+                 "--message", "/done")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = cli("run", "--set", "policy=scripted", "--message", "hi")
+    assert result.returncode == 0, result.stderr
+
+
+def test_unknown_keyword_suggests_the_closest_and_lists_env_keywords() -> None:
+    result = cli("run", "--set", "reward=1")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert "did you mean 'reward_fn'" in line
+    for name in ("'reward_fn'", "'tasks'", "'tools'", "'render_mode'", "'turn_timeout_s'"):
+        assert name in line
+
+
+@pytest.mark.parametrize(
+    ("agent_args", "message", "status", "outcome"),
+    [
+        ((), "/done", 0, "outcome: done"),
+        ((), "hi", 0, "outcome: ok (the episode was still running after 1 turn)"),
+        ((), "crash", 1, "outcome: harness_crashed"),
+        (("exit_at_start",), "hi", 3, "outcome: startup_failed"),
+    ],
+    ids=["done", "still_running", "crashed", "startup_failed"],
+)
+def test_run_exit_status_follows_the_outcome(
+    agent_args: tuple[str, ...], message: str, status: int, outcome: str
+) -> None:
+    result = cli("run", "--env", "gym_harness/Command-v0", "--set", command_set(*agent_args),
+                 "--message", message)  # fmt: skip
+    assert result.returncode == status, result.stderr
+    assert outcome in result.stdout
+
+
+def test_run_with_a_message_runs_no_demo_task() -> None:
+    result = cli("run", "--message", "hi there")
+    assert result.returncode == 0, result.stderr
+    assert "task message: hi there" in result.stdout
+    assert "/call" not in result.stdout  # no demo task's prompt in the header
+    assert "outcome: ok" in result.stdout and "reward: 0" in result.stdout
+
+
+def test_run_with_a_task_reports_its_outcome_and_score() -> None:
+    result = cli("run", "--task", "add")
+    assert result.returncode == 0, result.stderr
+    assert "task add:" in result.stdout and "tool result add: 5555" in result.stdout
+    assert "outcome: ok (the episode was still running after 1 turn)   reward: 1" in result.stdout
+    assert "running" not in result.stdout.replace("still running", "")
+
+
+def test_a_task_without_prompt_is_rejected_at_load_with_file_and_line(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "ok", "prompt": "p"}\n\n{"id": "empty"}\n')
+    result = cli("rollout", str(tasks), "--out", str(tmp_path / "o.jsonl"))
+    assert result.returncode == 2
+    assert f"{tasks}:3: the task has no 'prompt'" in result.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_help_shows_defaults_and_exit_statuses() -> None:
+    rollout = cli("rollout", "--help")
+    assert rollout.returncode == 0
+    assert "--max-turns" in rollout.stdout and "(default: 1)" in " ".join(rollout.stdout.split())
+    for args in (("--help",), ("run", "--help")):
+        text = " ".join(cli(*args).stdout.split())
+        assert "3 the harness never started (startup_failed)" in text
+        assert "1 a turn failed" in text
+
+
+def test_python_dash_m_gym_harness_runs_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gym_harness", "run", "--task", "finish"],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "outcome: done   reward: 1" in result.stdout
+
+
+def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -> None:
+    """The script runs against a stand-in npm (the registry is not this test's business)."""
+    ci = tmp_path / ".ci"
+    ci.mkdir()
+    for name in ("install-clis.sh", "clis-package.json"):
+        shutil.copy(ROOT / ".ci" / name, ci / name)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    npm = fake_bin / "npm"
+    npm.write_text('#!/bin/sh\necho "npm $*"\nmkdir -p node_modules/.bin\n')
+    npm.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def install() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(ci / "install-clis.sh")],
+            capture_output=True, text=True, env=env, timeout=30, check=False,
+        )  # fmt: skip
+
+    first = install()
+    assert first.returncode == 0, first.stderr
+    pinned = json.loads((ci / "clis-package.json").read_text())["dependencies"]
+    listed = [line.strip() for line in first.stdout.splitlines() if line.startswith("  ")]
+    assert listed == [f"{name}@{version}" for name, version in pinned.items()]
+    (npm_line,) = [line for line in first.stdout.splitlines() if line.startswith("npm ")]
+    assert "install" in npm_line and "--loglevel=http" in npm_line  # a line per download
+    assert first.stdout.index("installing into") < first.stdout.index("npm install")
+    again = install()
+    assert "already installed" in again.stdout and "npm " not in again.stdout

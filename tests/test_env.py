@@ -266,9 +266,9 @@ def test_tasks_from_jsonl_and_bad_tasks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Cannot read tasks file"):
         line_env(tasks=tmp_path / "missing.jsonl")
     with pytest.raises(ConfigError, match="must be relative"):
-        line_env(tasks=[{"id": "x", "files": {"../escape": "no"}}])
+        line_env(tasks=[{"id": "x", "prompt": "p", "files": {"../escape": "no"}}])
     with pytest.raises(ConfigError, match="unique"):
-        line_env(tasks=[{"id": "x"}, {"id": "x"}])
+        line_env(tasks=[{"id": "x", "prompt": "p"}, {"id": "x", "prompt": "p"}])
 
 
 def test_bad_config_raises_at_construction() -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import json
+import os
 import pickle
+from multiprocessing import resource_tracker
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
@@ -16,6 +22,7 @@ from gymnasium.vector.utils import batch_differing_spaces, create_empty_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gym_harness._text_memory import TextBatchView, TextSegments
 from gym_harness.spaces import UnicodeText
 
 SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
@@ -196,3 +203,128 @@ def test_async_vector_env_without_shared_memory() -> None:
         assert observations == ("a\u00e9\U0001f600", "b")
     finally:
         envs.close()
+
+
+# ---------------------------------------------------------------- AsyncVectorEnv, shared memory
+
+BIG = 16 * 1024 * 1024
+
+
+class _BigEchoEnv(_EchoEnv):
+    """``_EchoEnv`` whose texts may be as long as HarnessEnv's (16M code points)."""
+
+    def __init__(self) -> None:
+        self.observation_space = UnicodeText(BIG)
+        self.action_space = UnicodeText(BIG)
+
+
+def _memfds() -> list[str]:
+    """This process's open text segments (their /proc/self/fd links)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed between listdir and readlink (the listing's own fd)
+            continue
+        if "gym_harness-text" in target:
+            found.append(target)
+    return found
+
+
+def _shm() -> set[str]:
+    """Named shared memory this process holds (mapped or open), and any gym_harness name.
+
+    Other programs on the machine create and remove their own /dev/shm entries
+    meanwhile, so the directory as a whole is no measure of ours.
+    """
+    held = {
+        line.split(maxsplit=5)[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/dev/shm/" in line and not line.endswith("(deleted)")
+    }
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("/dev/shm/") and not target.endswith("(deleted)"):
+                held.add(target)
+    return held | {name for name in os.listdir("/dev/shm") if "gym_harness" in name}
+
+
+# Lengths around nothing, one character, the pipe buffer, and 10 MB of 1- to 4-byte UTF-8.
+TEXTS = [
+    "",
+    "a",
+    "x" * 65_537,
+    "héllo 世界 🎉\n\t\x00",
+    ("0123456789abcde\n" * (10 * 1024 * 1024 // 16))[:-1] + "é",
+    "世界🎉é" * (10 * 1024 * 1024 // 11),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_async_vector_env_shared_memory_round_trips_any_length(context: str) -> None:
+    shm_before, fds_before = _shm(), _memfds()
+    envs = AsyncVectorEnv([_BigEchoEnv, _BigEchoEnv], context=context)  # shared_memory=True
+    try:
+        observations, _ = envs.reset(seed=0)
+        assert observations == ("", "")
+        for first, second in zip(TEXTS, reversed(TEXTS), strict=True):  # long, then short
+            observations, *_ = envs.step((first, second))
+            assert type(observations) is tuple  # a deep copy: plain strings, as without it
+            assert observations[0] == first and observations[1] == second
+    finally:
+        envs.close()
+        del envs
+        gc.collect()  # spawn's own named semaphores (gymnasium's error queue) go with it
+        if context == "spawn":  # multiprocessing starts one tracker per parent for spawn
+            resource_tracker._resource_tracker._stop()
+    assert _shm() == shm_before  # no named segment, ever
+    assert _memfds() == fds_before  # the parent's descriptors go with the vector env
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.text(max_size=300), min_size=2, max_size=2))
+def test_shared_memory_segments_round_trip_text(texts: list[str]) -> None:
+    segments = TextSegments(2)
+    try:
+        for index, text in enumerate(texts):
+            segments.write(index, text)
+        assert TextBatchView(segments) == tuple(texts)
+        assert copy.deepcopy(TextBatchView(segments)) == tuple(texts)
+    finally:
+        segments.close()
+
+
+def test_shared_memory_view_without_copy_shows_the_latest_step() -> None:
+    envs = AsyncVectorEnv([_EchoEnv, _EchoEnv], copy=False)
+    try:
+        envs.reset(seed=0)
+        view, *_ = envs.step(("first", "é"))
+        assert list(view) == ["first", "é"] and view[-1] == "é" and view[:1] == ("first",)
+        envs.step(("second", ""))
+        assert list(view) == ["second", ""]
+    finally:
+        envs.close()
+
+
+def test_shared_memory_segments_do_not_pickle_outside_a_process_start() -> None:
+    segments = TextSegments(1)
+    try:
+        with pytest.raises(RuntimeError, match="inheritance"):
+            pickle.dumps(segments)
+    finally:
+        segments.close()
+
+
+@pytest.mark.timeout(60)
+def test_close_terminate_leaves_no_segment_and_no_worker() -> None:
+    shm_before = _shm()
+    envs = AsyncVectorEnv([_BigEchoEnv, _BigEchoEnv])
+    envs.reset(seed=0)
+    envs.step(("a" * 1_000_000, "b"))
+    workers = [psutil.Process(p.pid) for p in envs.processes]
+    envs.close(terminate=True)
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+    assert _shm() == shm_before

@@ -150,7 +150,7 @@ def test_turn_result_round_trips_through_json(
 
 @given(
     st.text(min_size=1),
-    st.text(),
+    st.text().filter(str.strip),  # a task's prompt is its first message: never blank
     st.dictionaries(st.from_regex(r"[a-z]{1,8}(/[a-z]{1,8}){0,2}", fullmatch=True), st.text()),
 )
 def test_task_round_trips_through_json(task_id: str, prompt: str, files: dict[str, str]) -> None:

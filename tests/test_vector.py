@@ -92,8 +92,22 @@ def test_close_terminate_leaves_no_process() -> None:
     assert not alive, alive
 
 
-def test_async_mode_without_shared_memory_false_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="shared_memory=False"):
-        gymnasium.make_vec(
-            "gym_harness/Command-v0", num_envs=2, vectorization_mode="async", command=COMMAND
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("terminate", [False, True])
+def test_async_mode_works_as_is(terminate: bool) -> None:
+    """gymnasium's own AsyncVectorEnv, shared memory on (its default): texts arrive whole."""
+    envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=2, vectorization_mode="async")
+    try:
+        assert envs.shared_memory
+        prompts, _ = envs.reset(seed=0)
+        replies, rewards, _, _, info = envs.step(prompts)
+        assert all(
+            prompt and reply.startswith(f"You said: {prompt.splitlines()[0]}")
+            for prompt, reply in zip(prompts, replies, strict=True)
         )
+        assert list(info["error_type"]) == ["", ""] and list(rewards) == [1.0, 1.0]
+        workers = [psutil.Process(p.pid) for p in envs.processes]
+    finally:
+        envs.close(terminate=terminate)
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, alive

@@ -6,6 +6,7 @@ Adapter modules are imported only when a harness is asked for by name, so
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any
 
@@ -53,13 +54,14 @@ def make_harness(harness: Harness | str, options: dict[str, Any]) -> Harness:
 
     Raises:
         ConfigError: An unknown name, options given with an instance, or options the
-            harness's constructor does not take (the message lists the ones it does).
+            harness's constructor does not take (the message suggests the closest
+            keyword and lists every one accepted).
     """
     if isinstance(harness, Harness):
         if options:
             raise ConfigError(
-                f"Unknown keyword(s) {sorted(options)}: HarnessEnv takes HarnessConfig fields "
-                f"{sorted(FIELD_NAMES)}; harness options go to the Harness you construct."
+                _unknown_keywords(sorted(options), [], "") + " Harness options go to the "
+                "Harness you construct, not to HarnessEnv."
             )
         return harness
     if not isinstance(harness, str):
@@ -69,11 +71,35 @@ def make_harness(harness: Harness | str, options: dict[str, Any]) -> Harness:
     unknown = sorted(k for k in options if k not in params)
     if unknown:
         accepted = sorted(k for k in params if k not in ("self", "args", "kwargs"))
-        raise ConfigError(
-            f"Unknown keyword(s) {unknown} for the {harness!r} harness; it accepts {accepted}, "
-            f"and every HarnessConfig field {sorted(FIELD_NAMES)}."
-        )
+        raise ConfigError(_unknown_keywords(unknown, accepted, harness))
     try:
         return cls(**options)
     except TypeError as exc:
         raise ConfigError(f"Bad options for the {harness!r} harness: {exc}.") from exc
+
+
+def _unknown_keywords(unknown: list[str], harness_options: list[str], harness: str) -> str:
+    """The error for keywords nobody takes: the closest known name, then every known one."""
+    from gym_harness.env import HarnessEnv  # the env imports this module: import lazily
+
+    env_options = sorted(
+        name
+        for name, param in inspect.signature(HarnessEnv).parameters.items()
+        if param.kind is param.KEYWORD_ONLY
+    )
+    known = [*env_options, *harness_options, *sorted(FIELD_NAMES)]
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]!r} for {name!r}?")
+    owner = f"the {harness!r} harness" if harness else "a Harness instance"
+    parts = [
+        f"Unknown keyword(s) {unknown} for HarnessEnv with {owner}"
+        + (f"; {' '.join(hints)}" if hints else "."),
+        f"HarnessEnv takes {env_options};",
+    ]
+    if harness_options:
+        parts.append(f"the {harness!r} harness takes {harness_options};")
+    parts.append(f"and every HarnessConfig field {sorted(FIELD_NAMES)}.")
+    return " ".join(parts)

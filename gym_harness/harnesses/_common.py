@@ -16,6 +16,8 @@ agents) needs the same few things:
 * ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed.
 * ``RpcIds``: JSON-RPC request ids and what each pending request was for.
 * ``toml_document``: a config dict as TOML (Codex and codex-acp read ``config.toml``).
+* ``require_executable`` / ``require_key``: the checks of ``Harness.preflight``, whose
+  errors say how to install the CLI or which variable to set.
 """
 
 from __future__ import annotations
@@ -23,17 +25,21 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gym_harness import _json
+from gym_harness.config import HarnessConfig
+from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import Feed
 from gym_harness.outcome import Outcome
 
 __all__ = [
     "MODEL_KEY_VAR",
+    "NPM_PACKAGES",
     "RpcIds",
     "json_line",
     "not_json",
@@ -41,6 +47,8 @@ __all__ = [
     "parse_object",
     "present",
     "private_home_env",
+    "require_executable",
+    "require_key",
     "scrub_inherit",
     "toml_document",
     "turn_failed",
@@ -274,3 +282,76 @@ def openai_base(url: str) -> str:
     """An OpenAI-style base URL ends in ``/v1``; a bare origin (the capture proxy) gets it."""
     url = url.rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
+
+
+#: The npm package (at the version tested here, as in ``.ci/clis-package.json``) that
+#: installs each CLI command.
+NPM_PACKAGES: dict[str, str] = {
+    "claude": "@anthropic-ai/claude-code@2.1.197",
+    "codex": "@openai/codex@0.171.0",
+    "opencode": "opencode-ai@1.18.33",
+    "qwen": "@qwen-code/qwen-code@0.15.10",
+    "gemini": "@google/gemini-cli@0.61.0",
+    "claude-agent-acp": "@agentclientprotocol/claude-agent-acp@0.101.0",
+    "codex-acp": "@zed-industries/codex-acp@0.16.0",
+}
+
+
+def _harness_path(config: HarnessConfig) -> str:
+    """The PATH the harness will get (its own ``env``, else ours if inherited)."""
+    if "PATH" in config.env:
+        return config.env["PATH"]
+    if "PATH" in config.inherit_env:
+        return os.environ.get("PATH", os.defpath)
+    return os.defpath
+
+
+def require_executable(executable: str, config: HarnessConfig, who: str, command: str) -> None:
+    """Raise ``ConfigError`` unless ``executable`` runs: on the harness's PATH, or a file.
+
+    A relative path with a directory part is left alone: it resolves in the
+    episode's workspace, which does not exist yet.
+
+    Args:
+        executable: The adapter's ``executable`` option.
+        config: The merged config (its ``env`` / ``inherit_env`` give the PATH).
+        who: The harness as the message names it ("Claude Code").
+        command: The CLI's usual command name, the key of ``NPM_PACKAGES``.
+    """
+    if os.sep in executable:
+        if not os.path.isabs(executable) or os.access(executable, os.X_OK):
+            return
+        where = f"{executable!r} is not an executable file"
+    else:
+        path = _harness_path(config)
+        if shutil.which(executable, path=path):
+            return
+        where = f"`{executable}` is not on the harness's PATH"
+    package = NPM_PACKAGES.get(command, command)
+    raise ConfigError(
+        f"{who} is not installed here: {where}. Install it with "
+        f"`npm install -g {package}` (the version tested with gym_harness), or, in a clone "
+        f"of gym_harness, `bash .ci/install-clis.sh` (every CLI, into .clis/node_modules/.bin); "
+        f"or pass executable='/abs/path/to/{command}'."
+    )
+
+
+def require_key(who: str, names: Sequence[str], config: HarnessConfig, option: str) -> None:
+    """Raise ``ConfigError`` unless one of ``names`` is set here or in ``config.env``.
+
+    Args:
+        who: The harness as the message names it.
+        names: Variables any one of which holds the key; the first is the one to set.
+        config: The merged config (a key given in its ``env`` counts).
+        option: The adapter option that names another variable (``api_key_env``).
+    """
+    if present(names) or any(config.env.get(name) for name in names):
+        return
+    others = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+    raise ConfigError(
+        f"{who} needs an API key, and {names[0]}{others} is not set. "
+        f"Set it before making the env (`export {names[0]}=...`; for a local model server "
+        f"any value it accepts, with base_url='http://127.0.0.1:PORT...'), or pass "
+        f"{option}='MY_VAR' naming the variable that holds the key. With capture=True the "
+        "capture proxy supplies a key instead."
+    )

@@ -244,9 +244,11 @@ class ACPHarness(Harness):
         tool_call = params.get("toolCall") or {}
         options = [o for o in params.get("options") or [] if isinstance(o, dict)]
         env_tool = self.env_tool_name(tool_call, options)
-        call = self._remember(tool_call)
+        call = self._remember(tool_call, permission=True)
         if env_tool:
             call["name"] = env_tool
+        elif self._ctx is not None and call["name"] in self._ctx.tool_names:
+            env_tool = call["name"]  # named by the call's own update (codex-acp's "Approve Add")
         wanted = ("allow_always", "allow_once") if env_tool else ("reject_once", "reject_always")
         chosen = next((o for kind in wanted for o in options if o.get("kind") == kind), None)
         outcome = (
@@ -268,8 +270,9 @@ class ACPHarness(Harness):
         """The env tool a ``toolCall`` (or its permission options) names, else ``""``.
 
         Agents name MCP tools differently: ``mcp__env__NAME`` (Qwen Code, Claude),
-        ``env_NAME`` (OpenCode), ``NAME (env MCP Server)`` (Gemini CLI); Qwen Code's
-        permission title is the arguments, so its options (``"...: NAME"``) count too.
+        ``env_NAME`` (OpenCode), ``NAME (env MCP Server)`` (Gemini CLI), ``Tool: env/NAME``
+        (codex-acp); Qwen Code's permission title is the arguments, so its options
+        (``"...: NAME"``) count too.
         """
         if self._ctx is None:
             return ""
@@ -284,6 +287,7 @@ class ACPHarness(Harness):
                 rf"mcp__{server}__{tool}",
                 rf"{server}[_.]{tool}",
                 rf"{tool} \({server} MCP Server\)",
+                rf"Tool: {server}/{tool}",  # codex-acp
             )
             if any(re.fullmatch(p, t.strip()) for p in patterns for t in texts):
                 return name
@@ -322,7 +326,7 @@ class ACPHarness(Harness):
             events.append(HarnessEvent(EventType.LLM_USAGE, _usage(meta_usage)))
         return events
 
-    def _remember(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
+    def _remember(self, tool_call: Mapping[str, Any], permission: bool = False) -> dict[str, Any]:
         call_id = str(tool_call.get("toolCallId", ""))
         call = self._calls.setdefault(
             call_id, {"id": call_id, "name": "", "arguments": {}, "emitted": False}
@@ -333,7 +337,12 @@ class ACPHarness(Harness):
         elif not call["name"] and tool_call.get("title"):
             call["name"] = _title(tool_call)
         arguments = _arguments(tool_call)
-        if arguments:
+        # A finished call's content is its output (claude-agent-acp's JSON results look
+        # like arguments), and a permission request's rawInput may be the request itself
+        # (codex-acp): once arguments are known, only a call update's rawInput changes them.
+        raw = bool(tool_call.get("rawInput"))
+        finished = tool_call.get("status") in ("completed", "failed")
+        if arguments and ((raw and not permission) if call["arguments"] else (raw or not finished)):
             call["arguments"] = arguments
         return call
 
@@ -395,6 +404,9 @@ def _content_text(content: Any) -> str:
 def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
     raw = tool_call.get("rawInput")
     if isinstance(raw, dict) and raw:
+        inner = raw.get("arguments")
+        if isinstance(inner, dict) and "server" in raw and "tool" in raw:  # codex-acp
+            return dict(inner)
         return dict(raw)
     # Gemini CLI shows the arguments only as the permission request's text content.
     text = _content_text(tool_call.get("content"))

@@ -13,7 +13,8 @@ Where each agent gets the env MCP server, and why:
   MCP tools hide behind it and the model must search before it can call them.
 * Gemini CLI: its ``settings.json`` (0600, holds the token), with
   ``GEMINI_CLI_TRUST_WORKSPACE=true``: an untrusted workspace starts no MCP server.
-* claude-agent-acp, codex-acp: ``session/new`` (not installed here; untested).
+* claude-agent-acp (0.101.0), codex-acp (0.16.0): ``session/new``; both ask permission
+  for every MCP call, which the client grants for env tools.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base, write_private
+from gym_harness.config import HarnessConfig
+from gym_harness.errors import ConfigError
+from gym_harness.harnesses._common import (
+    MODEL_KEY_VAR,
+    openai_base,
+    require_executable,
+    require_key,
+    write_private,
+)
 from gym_harness.harnesses.acp import ACPHarness
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.harnesses.codex_config import DEFAULT_OPENAI_BASE, codex_config
@@ -42,6 +51,8 @@ class _Preset(ACPHarness):
 
     #: The agent's own API-key variable.
     key_var: ClassVar[str] = ""
+    #: The agent as error messages name it.
+    who: ClassVar[str] = ""
     #: Whether OpenAI-compatible URLs get ``/v1`` appended to the capture proxy's base.
     openai_style: ClassVar[bool] = True
 
@@ -62,6 +73,12 @@ class _Preset(ACPHarness):
 
     def default_executable(self) -> str:
         return ""
+
+    def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
+        """The agent's command is found, and its API key is set unless the proxy gives one."""
+        require_executable(self.executable, config, self.who, self.default_executable())
+        if not captured:
+            require_key(self.who, [self.api_key_env], config, "api_key_env")
 
     def endpoint(self, ctx: EpisodeContext) -> tuple[str | None, str | None]:
         """The (base URL, API key) the agent must use this episode, ``None`` for its own."""
@@ -85,6 +102,7 @@ class OpenCodeHarness(_Preset):
     """
 
     name: ClassVar[str] = "opencode"
+    who: ClassVar[str] = "OpenCode"
     key_var: ClassVar[str] = "OPENAI_API_KEY"
 
     def __init__(
@@ -108,6 +126,20 @@ class OpenCodeHarness(_Preset):
 
     def default_executable(self) -> str:
         return "opencode"
+
+    def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
+        """Without ``base_url`` OpenCode runs its own ``provider/model`` with its own keys."""
+        if captured or self.base_url:
+            super().preflight(config, captured=captured)
+            return
+        require_executable(self.executable, config, self.who, "opencode")
+        if not self.model:
+            raise ConfigError(
+                "OpenCode needs a model: base_url='http://HOST/v1' (any OpenAI-compatible "
+                "endpoint) with model='NAME' and its key in OPENAI_API_KEY (or api_key_env="
+                "'MY_VAR'), or model='provider/model' of OpenCode's own with that provider's "
+                "key in env={...}."
+            )
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         base, _ = self.endpoint(ctx)
@@ -154,6 +186,7 @@ class QwenCodeHarness(_Preset):
     """Qwen Code (``qwen --acp --auth-type openai``) on an OpenAI-compatible endpoint."""
 
     name: ClassVar[str] = "qwen_code"
+    who: ClassVar[str] = "Qwen Code"
     key_var: ClassVar[str] = "OPENAI_API_KEY"
 
     def default_executable(self) -> str:
@@ -191,6 +224,7 @@ class GeminiCLIHarness(_Preset):
     """Gemini CLI (``gemini --experimental-acp``) with API-key auth."""
 
     name: ClassVar[str] = "gemini_cli"
+    who: ClassVar[str] = "Gemini CLI"
     #: Gemini CLI may declare MCP tools under their bare names when they do not clash.
     builtin_tools: ClassVar[frozenset[str]] = frozenset(
         {
@@ -236,9 +270,14 @@ class GeminiCLIHarness(_Preset):
 
 
 class ClaudeAgentACPHarness(_Preset):
-    """claude-agent-acp (Claude Code behind ACP). Untested here: not installed."""
+    """claude-agent-acp (Claude Code behind ACP, ``@agentclientprotocol/claude-agent-acp``).
+
+    Its session starts in the ``default`` permission mode (not ``auto``, whose
+    classifier blocks tool calls) and with tool search off (MCP tools offered directly).
+    """
 
     name: ClassVar[str] = "claude_agent_acp"
+    who: ClassVar[str] = "claude-agent-acp"
     key_var: ClassVar[str] = "ANTHROPIC_API_KEY"
     openai_style: ClassVar[bool] = False
 
@@ -249,7 +288,12 @@ class ClaudeAgentACPHarness(_Preset):
         from gym_harness.harnesses.claude_code import TELEMETRY_OFF
 
         base, key = self.endpoint(ctx)
-        env = {**TELEMETRY_OFF, "CLAUDE_CONFIG_DIR": str(ctx.home / ".claude")}
+        env = {
+            **TELEMETRY_OFF,
+            "CLAUDE_CONFIG_DIR": str(ctx.home / ".claude"),
+            # Else MCP tools hide behind a ToolSearch tool the model must call first.
+            "ENABLE_TOOL_SEARCH": "false",
+        }
         if os.geteuid() == 0:
             env["IS_SANDBOX"] = "1"  # else bypass-permission modes are refused as root
         if base:
@@ -261,17 +305,23 @@ class ClaudeAgentACPHarness(_Preset):
         return env
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
+        # Without a defaultMode the session starts in "auto", whose classifier (a model
+        # call of its own) blocks tool calls; "default" asks the client, which grants
+        # the env tools only.
+        settings = {"permissions": {"defaultMode": "default"}}
+        write_private(ctx.home / ".claude" / "settings.json", json.dumps(settings))
         return [self.executable]
 
 
 class CodexACPHarness(_Preset):
-    """codex-acp (Codex behind ACP). Untested here: not installed.
+    """codex-acp (Codex behind ACP, ``@zed-industries/codex-acp``).
 
     Point ``executable`` at the native binary of its platform package: the JS
     wrapper does not forward SIGTERM.
     """
 
     name: ClassVar[str] = "codex_acp"
+    who: ClassVar[str] = "codex-acp"
     key_var: ClassVar[str] = "OPENAI_API_KEY"
 
     def default_executable(self) -> str:

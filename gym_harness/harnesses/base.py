@@ -119,6 +119,18 @@ class Harness(ABC):
         """
         return  # most harnesses accept any config
 
+    def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
+        """Raise ``ConfigError`` if the harness cannot run here, before anything starts.
+
+        Adapters of real CLIs check that their executable is found and that the API
+        key they need is set, and say how to fix either.
+
+        Args:
+            config: The merged config (defaults, then the user's overrides).
+            captured: The env's capture proxy supplies the model endpoint and key.
+        """
+        return  # a line-protocol command needs no credentials of ours
+
     @abstractmethod
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
         """Prepare an episode: write config files, reset state, return what to spawn.

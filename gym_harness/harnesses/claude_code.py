@@ -29,6 +29,8 @@ from gym_harness.harnesses._common import (
     parse_object,
     present,
     private_home_env,
+    require_executable,
+    require_key,
     scrub_inherit,
     turn_failed,
     write_private,
@@ -116,6 +118,13 @@ class ClaudeCodeHarness(Harness):
         self._interrupts = 0
 
     # ----------------------------------------------------------------- launch
+
+    def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
+        """``claude`` is found, and an API key is set unless the capture proxy gives one."""
+        require_executable(self.executable, config, "Claude Code", "claude")
+        if not captured:
+            names = dict.fromkeys((self.api_key_env, "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"))
+            require_key("Claude Code", list(names), config, "api_key_env")
 
     def mcp_config(self, ctx: EpisodeContext) -> dict[str, Any]:
         """The ``--mcp-config`` document for ``ctx`` (holds the bridge token)."""

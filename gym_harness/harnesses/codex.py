@@ -41,6 +41,8 @@ from gym_harness.harnesses._common import (
     parse_object,
     present,
     private_home_env,
+    require_executable,
+    require_key,
     turn_failed,
     write_private,
 )
@@ -141,6 +143,12 @@ class CodexHarness(Harness):
         self._calls: dict[str, str] = {}
 
     # ----------------------------------------------------------------- launch
+
+    def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
+        """``codex`` is found, and its API key is set unless the capture proxy gives one."""
+        require_executable(self.executable, config, "Codex", "codex")
+        if not captured:
+            require_key("Codex", [self.api_key_env], config, "api_key_env")
 
     def mcp_server_entry(self, ctx: EpisodeContext) -> dict[str, Any]:
         """The thread's ``mcp_servers.<name>`` entry for the bridge (token by env var)."""

@@ -6,7 +6,7 @@ exit_early    write a message to stderr and exit 3 during startup
 crash         ready; on the first line print part of a reply and exit 3
 ignore_term   ready, ignore SIGTERM, echo
 family        ready; fork a child, a setsid grandchild and a double-forked daemon; print
-              {"pids": [...]} with every pid of the family
+              {"pids": [harness, child, grandchild, daemon]} (in that order)
 flood         ready; on a line, write 50 MB to stdout and to stderr at once, then "done"
 bad_utf8      ready; invalid UTF-8 lines on stdout and stderr, then "after"
 long_line     ready; one 20 MB line, then "after"
@@ -63,16 +63,18 @@ def echo() -> None:
 
 
 def family() -> None:
-    pids = [os.getpid()]
+    # Each member reports "role pid" on one pipe; they arrive in whatever order the
+    # scheduler runs them, so the pids are put in family order by role, not by arrival.
+    roles = ("child", "grandchild", "daemon")
     read_end, write_end = os.pipe()
 
-    def report(role: int) -> None:
+    def report(role: str) -> None:
         os.write(write_end, f"{role} {os.getpid()}\n".encode())
 
     if os.fork() == 0:  # child, same process group
         if os.fork() == 0:  # grandchild in its own session
             os.setsid()
-            report(2)
+            report("grandchild")
             linger()
         if os.fork() == 0:  # double fork: the daemon is re-parented (to the keeper)
             os.setsid()
@@ -80,16 +82,15 @@ def family() -> None:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                report(3)
+                report("daemon")
                 linger()
             os._exit(0)
-        report(1)
+        report("child")
         linger()
     with os.fdopen(read_end) as reader:
-        roles = sorted(reader.readline().split() for _ in range(3))
-    pids += [int(pid) for _, pid in roles]
+        found = dict(reader.readline().split() for _ in roles)
     ready()
-    say(json.dumps({"pids": pids}).encode())
+    say(json.dumps({"pids": [os.getpid(), *(int(found[role]) for role in roles)]}).encode())
     linger()
 
 
