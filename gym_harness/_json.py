@@ -36,6 +36,10 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*\\?(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 #: Bracket -> +1 (open) or -1 (close, as int8 0xff).
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+#: The stdlib's own scanner (C where available), with ``json.loads``'s default settings:
+#: a line that is exactly one JSON value parses in one call, without the three Python
+#: frames and two whitespace regexes ``json.loads`` adds (this is every line of a step).
+_SCAN = json.JSONDecoder().scan_once
 
 
 class JSONBoundError(ValueError):
@@ -66,6 +70,14 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
             f"JSON nested {depth} levels deep, past the bound of {max_depth} (MAX_DEPTH)"
         )
     try:
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            end = -1
+        if end == len(text):
+            return value
+        # Whitespace around it, extra data, nothing at all: json.loads gives its own
+        # verdict and message (the same value, or the same error, as without this path).
         return json.loads(text)
     except RecursionError as exc:  # unreachable after the depth check; kept as a guard
         raise JSONBoundError(f"JSON nested past the recursion limit: {exc}") from None

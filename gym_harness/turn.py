@@ -124,6 +124,14 @@ class TurnRunner:
         # The hot path's boundaries, built once (a step passes them for every line).
         self._feeding = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's feed()")
         self._reading = _Faults(self, Outcome.HARNESS_CRASHED, "reading its output")
+        self._messaging = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's message_lines()")
+        self._writing = {
+            when: _Faults(self, Outcome.HARNESS_CRASHED, f"writing to it {when}")
+            for when in ("mid-turn", "during startup", "while interrupting")
+        }
+        self._sensing = _Faults(
+            self, Outcome.BRIDGE_FAILED, "asking the bridge and proxy for signs of life"
+        )
 
     def startup(self, events: list[HarnessEvent]) -> tuple[Outcome, str]:
         """Write the startup lines and wait for readiness; never raises for harness faults.
@@ -180,10 +188,10 @@ class TurnRunner:
             if episode_deadline is not None and start >= episode_deadline:
                 return self._timed_out(Outcome.EPISODE_TIMEOUT, events)
             self._check_bridge()
-            with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's message_lines()"):
+            with self._messaging:
                 lines = self.harness.message_lines(message)
             self._write(lines, write_by, "mid-turn")
-            watch = _Liveness(self)
+            watch = _Liveness(self, bridge_checked=True)
             deadline = start  # the nearest deadline; recomputed only when reached
             while True:
                 now = time.monotonic()
@@ -275,7 +283,10 @@ class TurnRunner:
         return feed
 
     def _write(self, lines: Sequence[str], deadline: float, when: str) -> None:
-        with self._faults(Outcome.HARNESS_CRASHED, f"writing to it {when}"):
+        faults = self._writing.get(when) or self._faults(
+            Outcome.HARNESS_CRASHED, f"writing to it {when}"
+        )
+        with faults:
             for line in lines:
                 self.proc.write_line(line, deadline=deadline)
 
@@ -286,6 +297,8 @@ class TurnRunner:
 
     def _missing_tools(self) -> str:
         """After a turn: "" once the harness has listed the env tools over MCP, else why not."""
+        if not self._unconfirmed:  # confirmed once (or nothing to confirm): the common case
+            return ""
         with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge for the tool listing"):
             listed = self.bridge is not None and self.bridge.tools_listed
         if not self._unconfirmed or listed:
@@ -307,7 +320,7 @@ class TurnRunner:
 
     def _idle_deadline(self, turn_start: float) -> float:
         last = max(turn_start, self.proc.last_activity)
-        with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge and proxy for signs of life"):
+        with self._sensing:
             bridge = self.bridge
             if bridge is not None:
                 if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
@@ -400,10 +413,12 @@ class _Liveness:
     ends as ``harness_crashed``, unless those lines finished the turn.
     """
 
-    def __init__(self, runner: TurnRunner) -> None:
+    def __init__(self, runner: TurnRunner, *, bridge_checked: bool = False) -> None:
         self.runner = runner
         self.next_check = time.monotonic()
         self.exited_at: float | None = None
+        # The caller looked at the bridge just now: the first look here would repeat it.
+        self.skip_bridge = bridge_checked
 
     def read(self, timeout_s: float, when: str) -> str | None:
         """The next line within ``timeout_s`` (``None`` if none came); ends the turn if dead."""
@@ -413,7 +428,10 @@ class _Liveness:
             self.next_check = now + LIVENESS_S
             if proc.returncode is not None:
                 self.exited_at = now
-            runner._check_bridge()  # the harness may be waiting on a tool call that never ends
+            if self.skip_bridge:
+                self.skip_bridge = False
+            else:  # the harness may be waiting on a tool call that never ends
+                runner._check_bridge()
         if self.exited_at is not None:
             timeout_s = 0.0
             if now - self.exited_at > EXIT_DRAIN_S:
