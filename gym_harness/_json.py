@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 #: The stdlib's own scanner (C where available), with ``json.loads``'s default settings:
 #: a line that is exactly one JSON value parses in one call, without the three Python
 #: frames and two whitespace regexes ``json.loads`` adds (this is every line of a step).
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class JSONBoundError(ValueError):
