@@ -65,8 +65,9 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
-    depth = _depth(text, max_depth)
-    if depth > max_depth:
+    # The bracket count first, inline: most lines have few brackets (the hot path).
+    brackets = text.count("[") + text.count("{")
+    if brackets > max_depth and (depth := _depth(text, max_depth)) > max_depth:
         raise JSONBoundError(
             f"JSON nested {depth} levels deep, past the bound of {max_depth} (MAX_DEPTH)"
         )
