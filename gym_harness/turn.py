@@ -69,6 +69,8 @@ EXIT_DRAIN_S = 0.25
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
     """Return ``(terminated, truncated)`` for a turn's result (the outcome table)."""
+    if not result.error_type:  # Outcome.OK, which neither terminates nor truncates
+        return result.done, False
     outcome = Outcome(result.error_type)
     if outcome.truncates:
         return False, True
