@@ -272,10 +272,15 @@ class TurnRunner:
         return TurnEnded(other, f"{what} raised {type(exc).__name__}: {exc}")
 
     def _take(self, line: str, events: list[HarnessEvent], write_by: float) -> Feed:
-        with self._feeding:
+        # The boundary of ``self._feeding``, spelled out: this runs for every line.
+        try:
             feed = self.harness.feed(line)
             if feed.error_type:
                 Outcome(feed.error_type)  # an adapter's unknown outcome name is its own fault
+        except TurnEnded:
+            raise
+        except Exception as exc:
+            raise self._outcome_of(exc, self._feeding.other, self._feeding.what) from exc
         if feed.events:
             events.extend(feed.events)
             for event in feed.events:
@@ -438,8 +443,11 @@ class _Liveness:
             timeout_s = 0.0
             if now - self.exited_at > EXIT_DRAIN_S:
                 runner._crash(f"exited {when}")
-        with runner._reading:
+        try:  # the boundary of ``runner._reading``, spelled out: this runs for every line
             line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)))
+        except Exception as exc:
+            reading = runner._reading
+            raise runner._outcome_of(exc, reading.other, reading.what) from exc
         if line is None and (proc.eof or self.exited_at is not None):
             runner._crash(f"exited {when}")
         return line
