@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import queue
 import select
@@ -35,7 +34,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from array import array
 from collections.abc import Mapping, Sequence
 
@@ -129,9 +127,6 @@ class KeeperClient:
         self.pidfd = os.pidfd_open(self.pid)
         self.child: Child | None = None
         self.closing = False  # we asked it to quit
-        #: ``time.monotonic()`` by which a keeper asked to quit without waiting must be
-        #: gone; past it the watcher kills it (``close(wait=False)``).
-        self.quit_by: float | None = None
         self.dead = False
         self.gone = threading.Event()  # set by the watcher once it is reaped
         self._send_lock = threading.Lock()
@@ -205,22 +200,11 @@ class KeeperClient:
             except OSError as exc:
                 raise KeeperLost(f"the keeper (pid {self.pid}) is gone: {exc}") from exc
 
-    def close(self, wait: bool = True) -> None:
-        """Ask the keeper to end what it runs and exit; reap it. Never raises.
-
-        Args:
-            wait: Wait (bounded) until it is gone. Without, the watcher thread reaps
-                it, and kills it if it is not gone within ``_KEEPER_EXIT_S``: for a
-                keeper whose harness already ended, nothing is left to wait for.
-        """
+    def close(self) -> None:
+        """Ask the keeper to end what it runs and exit; reap it. Never raises."""
         self.closing = True
         with contextlib.suppress(KeeperLost):
             self.send(("quit",))
-        if not wait:
-            self.quit_by = time.monotonic() + _KEEPER_EXIT_S
-            if _pool.watcher is not None:
-                _pool.watcher.wake()
-            return
         if not self.gone.wait(_KEEPER_EXIT_S):
             with contextlib.suppress(OSError):
                 self.popen.kill()
@@ -285,25 +269,6 @@ class _Watcher:
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\0")
 
-    wake = _wake
-
-    def _overdue(self) -> int:
-        """Kill keepers asked to quit that are not gone in time; the next poll's timeout (ms)."""
-        now, timeout = time.monotonic(), -1
-        with self._lock:
-            quitting = [k for k in self._keepers if k.quit_by is not None]
-        for keeper in quitting:
-            assert keeper.quit_by is not None
-            left = keeper.quit_by - now
-            if left <= 0:
-                keeper.quit_by = None  # killed once; its pidfd reports the end
-                with contextlib.suppress(OSError):
-                    keeper.popen.kill()
-            else:
-                ms = math.ceil(left * 1000)
-                timeout = ms if timeout < 0 else min(timeout, ms)
-        return timeout
-
     def _run(self) -> None:
         while True:
             poller = select.poll()
@@ -316,7 +281,7 @@ class _Watcher:
                         by_fd[keeper.sock.fileno()] = (keeper, True)
                     poller.register(keeper.pidfd, select.POLLIN)
                     by_fd[keeper.pidfd] = (keeper, False)
-            for fd, _ in poller.poll(self._overdue()):
+            for fd, _ in poller.poll():
                 if fd == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -408,7 +373,7 @@ class _Pool:
                 keeper.child = None
                 self.idle.append(keeper)
                 return
-        keeper.close(wait=False)  # its harness has ended: the watcher reaps it
+        keeper.close()
 
     def trim(self) -> None:
         with self.lock:
@@ -416,7 +381,7 @@ class _Pool:
             closing = self.idle[:extra] if extra > 0 else []
             del self.idle[: len(closing)]
         for keeper in closing:
-            keeper.close(wait=False)  # idle, nothing runs under it: the watcher reaps it
+            keeper.close()
 
     def ensure_one(self) -> None:
         """Keep one keeper alive while paths are owned (the pool lock is held)."""

@@ -91,7 +91,7 @@ def test_a_held_keeper_serves_harness_after_harness() -> None:
 
 
 def test_a_released_keeper_that_does_not_quit_is_killed_within_its_bound() -> None:
-    """Letting a keeper go does not wait for its exit; the watcher kills one that stays."""
+    """Letting a keeper go is bounded: one that cannot quit (stopped) is killed."""
     hold_keeper()
     try:
         with HarnessProcess(config("echo")) as proc:
