@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,10 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*\\?(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 #: Bracket -> +1 (open) or -1 (close, as int8 0xff).
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+#: The stdlib's own scanner (C where available), with ``json.loads``'s default settings:
+#: a line that is exactly one JSON value parses in one call, without the three Python
+#: frames and two whitespace regexes ``json.loads`` adds (this is every line of a step).
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class JSONBoundError(ValueError):
@@ -60,12 +65,21 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
-    depth = _depth(text, max_depth)
-    if depth > max_depth:
+    # The bracket count first, inline: most lines have few brackets (the hot path).
+    brackets = text.count("[") + text.count("{")
+    if brackets > max_depth and (depth := _depth(text, max_depth)) > max_depth:
         raise JSONBoundError(
             f"JSON nested {depth} levels deep, past the bound of {max_depth} (MAX_DEPTH)"
         )
     try:
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            end = -1
+        if end == len(text):
+            return value
+        # Whitespace around it, extra data, nothing at all: json.loads gives its own
+        # verdict and message (the same value, or the same error, as without this path).
         return json.loads(text)
     except RecursionError as exc:  # unreachable after the depth check; kept as a guard
         raise JSONBoundError(f"JSON nested past the recursion limit: {exc}") from None

@@ -428,7 +428,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         return error_type, error
 
     def _emit(self, event: HarnessEvent) -> None:
-        self._callbacks(self.on_event, event)  # never raises an Exception; see CallbackGuard
+        if self.on_event is not None:  # the guard does nothing without one (hot path)
+            self._callbacks(self.on_event, event)  # never raises an Exception; see CallbackGuard
 
     def _record(
         self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float

@@ -69,6 +69,8 @@ EXIT_DRAIN_S = 0.25
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
     """Return ``(terminated, truncated)`` for a turn's result (the outcome table)."""
+    if not result.error_type:  # Outcome.OK, which neither terminates nor truncates
+        return result.done, False
     outcome = Outcome(result.error_type)
     if outcome.truncates:
         return False, True
@@ -124,6 +126,14 @@ class TurnRunner:
         # The hot path's boundaries, built once (a step passes them for every line).
         self._feeding = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's feed()")
         self._reading = _Faults(self, Outcome.HARNESS_CRASHED, "reading its output")
+        self._messaging = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's message_lines()")
+        self._writing = {
+            when: _Faults(self, Outcome.HARNESS_CRASHED, f"writing to it {when}")
+            for when in ("mid-turn", "during startup", "while interrupting")
+        }
+        self._sensing = _Faults(
+            self, Outcome.BRIDGE_FAILED, "asking the bridge and proxy for signs of life"
+        )
 
     def startup(self, events: list[HarnessEvent]) -> tuple[Outcome, str]:
         """Write the startup lines and wait for readiness; never raises for harness faults.
@@ -180,10 +190,10 @@ class TurnRunner:
             if episode_deadline is not None and start >= episode_deadline:
                 return self._timed_out(Outcome.EPISODE_TIMEOUT, events)
             self._check_bridge()
-            with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's message_lines()"):
+            with self._messaging:
                 lines = self.harness.message_lines(message)
             self._write(lines, write_by, "mid-turn")
-            watch = _Liveness(self)
+            watch = _Liveness(self, bridge_checked=True)
             deadline = start  # the nearest deadline; recomputed only when reached
             while True:
                 now = time.monotonic()
@@ -262,10 +272,15 @@ class TurnRunner:
         return TurnEnded(other, f"{what} raised {type(exc).__name__}: {exc}")
 
     def _take(self, line: str, events: list[HarnessEvent], write_by: float) -> Feed:
-        with self._feeding:
+        # The boundary of ``self._feeding``, spelled out: this runs for every line.
+        try:
             feed = self.harness.feed(line)
             if feed.error_type:
                 Outcome(feed.error_type)  # an adapter's unknown outcome name is its own fault
+        except TurnEnded:
+            raise
+        except Exception as exc:
+            raise self._outcome_of(exc, self._feeding.other, self._feeding.what) from exc
         if feed.events:
             events.extend(feed.events)
             for event in feed.events:
@@ -275,7 +290,10 @@ class TurnRunner:
         return feed
 
     def _write(self, lines: Sequence[str], deadline: float, when: str) -> None:
-        with self._faults(Outcome.HARNESS_CRASHED, f"writing to it {when}"):
+        faults = self._writing.get(when) or self._faults(
+            Outcome.HARNESS_CRASHED, f"writing to it {when}"
+        )
+        with faults:
             for line in lines:
                 self.proc.write_line(line, deadline=deadline)
 
@@ -286,6 +304,8 @@ class TurnRunner:
 
     def _missing_tools(self) -> str:
         """After a turn: "" once the harness has listed the env tools over MCP, else why not."""
+        if not self._unconfirmed:  # confirmed once (or nothing to confirm): the common case
+            return ""
         with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge for the tool listing"):
             listed = self.bridge is not None and self.bridge.tools_listed
         if not self._unconfirmed or listed:
@@ -307,7 +327,7 @@ class TurnRunner:
 
     def _idle_deadline(self, turn_start: float) -> float:
         last = max(turn_start, self.proc.last_activity)
-        with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge and proxy for signs of life"):
+        with self._sensing:
             bridge = self.bridge
             if bridge is not None:
                 if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
@@ -400,10 +420,12 @@ class _Liveness:
     ends as ``harness_crashed``, unless those lines finished the turn.
     """
 
-    def __init__(self, runner: TurnRunner) -> None:
+    def __init__(self, runner: TurnRunner, *, bridge_checked: bool = False) -> None:
         self.runner = runner
         self.next_check = time.monotonic()
         self.exited_at: float | None = None
+        # The caller looked at the bridge just now: the first look here would repeat it.
+        self.skip_bridge = bridge_checked
 
     def read(self, timeout_s: float, when: str) -> str | None:
         """The next line within ``timeout_s`` (``None`` if none came); ends the turn if dead."""
@@ -413,13 +435,19 @@ class _Liveness:
             self.next_check = now + LIVENESS_S
             if proc.returncode is not None:
                 self.exited_at = now
-            runner._check_bridge()  # the harness may be waiting on a tool call that never ends
+            if self.skip_bridge:
+                self.skip_bridge = False
+            else:  # the harness may be waiting on a tool call that never ends
+                runner._check_bridge()
         if self.exited_at is not None:
             timeout_s = 0.0
             if now - self.exited_at > EXIT_DRAIN_S:
                 runner._crash(f"exited {when}")
-        with runner._reading:
+        try:  # the boundary of ``runner._reading``, spelled out: this runs for every line
             line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)))
+        except Exception as exc:
+            reading = runner._reading
+            raise runner._outcome_of(exc, reading.other, reading.what) from exc
         if line is None and (proc.eof or self.exited_at is not None):
             runner._crash(f"exited {when}")
         return line

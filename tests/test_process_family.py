@@ -90,6 +90,20 @@ def test_a_held_keeper_serves_harness_after_harness() -> None:
     assert wait_gone([keeper]) == []
 
 
+def test_a_released_keeper_that_does_not_quit_is_killed_within_its_bound() -> None:
+    """Letting a keeper go is bounded: one that cannot quit (stopped) is killed."""
+    hold_keeper()
+    try:
+        with HarnessProcess(config("echo")) as proc:
+            proc.start(is_ready)
+            keeper = proc.keeper_pid
+        assert keeper is not None and running(keeper)  # idle, held for the next harness
+        os.kill(keeper, signal.SIGSTOP)  # now it cannot act on being asked to quit
+    finally:
+        release_keeper()
+    assert wait_gone([keeper], timeout_s=10) == []
+
+
 def _open_fds_and_threads() -> tuple[int, int]:
     return psutil.Process().num_fds(), threading.active_count()
 
