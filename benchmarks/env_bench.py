@@ -5,7 +5,8 @@ answers each message at once with four lines (text, tool_call, an unknown type,
 turn_complete). Baselines, measured in the same run and interleaved with ours:
 
 * step: a bare ``subprocess.Popen`` round trip: write one message line, read lines
-  until ``turn_complete`` (goal: ``env.step`` under 1.5x);
+  until ``turn_complete`` (goal: ``env.step`` under 1.5x); the two sides alternate in
+  batches of ``STEP_BATCH`` steps;
 * reset: a bare spawn-to-ready of the same script: ``Popen`` and read until the
   ready line (goal: ``env.reset`` under 1.3x). The bridge stays up across episodes,
   so the first reset (bridge start, fastmcp import) is reported apart;
@@ -36,6 +37,8 @@ from gym_harness import HarnessEnv
 
 MESSAGE = '{"type": "message", "content": "ping"}\n'
 STEP_GOAL, RESET_GOAL, CLOSE_GOAL_MS = 1.5, 1.3, 20.0
+#: Steps per side per round: the two sides alternate in batches, not sample by sample.
+STEP_BATCH = 100
 
 
 class BarePipe:
@@ -97,7 +100,12 @@ def measure(steps: int, resets: int) -> tuple[list[Row], dict[str, float]]:
             for _ in range(50):  # warm both paths
                 pipe.round_trip()
                 env.step("ping")
-            trips = interleaved(steps, bare=pipe.round_trip, ours=lambda: timed(_step(env)))
+            trips = interleaved(
+                max(1, steps // STEP_BATCH),
+                STEP_BATCH,
+                bare=pipe.round_trip,
+                ours=lambda: timed(_step(env)),
+            )
         finally:
             pipe.close()
         step_row = ratio_row(
