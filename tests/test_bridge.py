@@ -22,6 +22,7 @@ from fastmcp import Client, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
+from support.gate import Gate
 
 from gym_harness.bridge import BridgeState, MCPBridge
 from gym_harness.errors import ConfigError, ToolConflictError
@@ -47,25 +48,6 @@ def _client(bridge: MCPBridge, token: str | None = None) -> Client[Any]:
 def _raw_post(url: str, headers: dict[str, str]) -> httpx2.Response:
     with httpx2.Client(timeout=10) as http:
         return http.post(url, json=_INIT, headers={"accept": _ACCEPT, **headers})
-
-
-class Gate:
-    """A tool body that blocks until the test releases it (bounded either way)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def hang(self) -> str:
-        """Wait for the gate."""
-        self.event.wait(30)
-        return "released"
-
-
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    g = Gate()
-    yield g
-    g.event.set()
 
 
 @pytest.fixture

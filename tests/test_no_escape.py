@@ -1,6 +1,6 @@
 """Nothing escapes a step (issue 11): every harness fault is an outcome, and no
 turn is ever shifted or lost. Each case goes through ``gymnasium.make`` with a real
-hostile harness process (``tests/scripts/hostile.py``) and checks the outcome, that
+hostile harness process (``tests/support/scripts/hostile.py``) and checks the outcome, that
 every turn is in the trajectory, and that the next step answers its own message
 or says that ``reset()`` is needed.
 """
@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -19,6 +18,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import HOSTILE_SCRIPT
 
 from gym_harness import (
     CallbackError,
@@ -30,7 +30,7 @@ from gym_harness import (
 )
 from gym_harness.harnesses import Feed
 
-HOSTILE = str(Path(__file__).resolve().parent / "scripts" / "hostile.py")
+HOSTILE = str(HOSTILE_SCRIPT)
 
 
 def make(*args: str, **kwargs: Any) -> gymnasium.Env[str, str]:
