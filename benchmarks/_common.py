@@ -21,12 +21,12 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-LINE_AGENT = ROOT / "tests" / "line_agent.py"
+LINE_AGENT = ROOT / "tests" / "support" / "line_agent.py"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def line_agent(*args: str) -> list[str]:
-    """The argv of the test line-protocol harness (``tests/line_agent.py``) with ``args``."""
+    """The argv of the test line-protocol harness (``tests/support/line_agent.py``)."""
     return [sys.executable, str(LINE_AGENT), *args]
 
 

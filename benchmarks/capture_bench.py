@@ -1,6 +1,6 @@
 """Latency the model proxy adds: a streamed chat completion, direct vs through ModelProxy.
 
-Three processes, like a real episode: the scripted model server (tests/model_server.py)
+Three processes, like a real episode: the scripted model server (tests/support/model_server.py)
 stands in for the upstream API, a client process stands in for the harness, and the proxy
 runs in this process, as it would in the env's. The client calls both paths in one run,
 interleaved, so machine noise hits both alike, and reports time to first token (first
@@ -30,7 +30,7 @@ BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "
 def serve(words: int) -> None:
     """Child: run the scripted model server until stdin closes."""
     sys.path.insert(0, str(TESTS))
-    from model_server import ScriptedModelServer
+    from support.model_server import ScriptedModelServer
 
     with ScriptedModelServer() as srv:
         srv.reply(" ".join(["word"] * words))

@@ -1,6 +1,6 @@
 """HarnessEnv.step and reset beside a bare pipe on the same line-protocol harness (issue #4).
 
-The harness is ``tests/line_agent.py echo``: it prints ``{"type":"ready"}``, then
+The harness is ``tests/support/line_agent.py echo``: it prints ``{"type":"ready"}``, then
 answers each message at once with four lines (text, tool_call, an unknown type,
 turn_complete). Baselines, measured in the same run and interleaved with ours:
 

@@ -1,6 +1,6 @@
 """Reset and per-turn time of the real-CLI harnesses, beside each CLI's own one-shot mode.
 
-Per CLI, against the instant scripted model server (tests/model_server.py) and
+Per CLI, against the instant scripted model server (tests/support/model_server.py) and
 the env's MCP bridge, all on 127.0.0.1:
 
 * long-lived: ``HarnessEnv`` reset time (spawn + handshake + tool check) and
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 CLI_BIN = ROOT / ".clis" / "node_modules" / ".bin"
 
-from model_server import ScriptedModelServer  # noqa: E402
+from support.model_server import ScriptedModelServer  # noqa: E402
 
 from gym_harness import HarnessEnv  # noqa: E402
 from gym_harness.bridge import MCPBridge  # noqa: E402

@@ -1,6 +1,6 @@
 """Spawn-to-ready time and line round-trip time: HarnessProcess beside a bare Popen.
 
-Both drive the same echo script (tests/scripts/harness.py echo: prints
+Both drive the same echo script (tests/support/scripts/harness.py echo: prints
 {"type":"ready"}, then echoes each line). Bare and HarnessProcess runs alternate
 within each round, so machine noise hits both alike; prints medians and their ratios.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from gym_harness.config import HarnessConfig
 from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
 
-SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "harness.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "support" / "scripts" / "harness.py"
 ECHO = (sys.executable, str(SCRIPT), "echo")
 READY = '{"type":"ready"}'
 LINE = '{"type":"message","content":"ping"}'

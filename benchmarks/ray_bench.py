@@ -1,6 +1,6 @@
 """Turns per second: RayVectorEnv on a local Ray instance beside AsyncVectorEnv.
 
-Both step N sub-envs of gym_harness/Command-v0 over tests/line_agent.py, whose
+Both step N sub-envs of gym_harness/Command-v0 over tests/support/line_agent.py, whose
 turn waits --delay seconds (200 ms: a stand-in for a model call), for 1, 2, 4
 and 8 envs in one run. Ray runs locally on 127.0.0.1 (logical CPUs = the largest
 N, one per sub-env), so the figures show the overhead of each path, not a
@@ -22,7 +22,7 @@ import numpy as np
 
 from gym_harness.vector import make_vector_env
 
-AGENT = Path(__file__).resolve().parent.parent / "tests" / "line_agent.py"
+AGENT = Path(__file__).resolve().parent.parent / "tests" / "support" / "line_agent.py"
 
 
 def turns_per_second(envs: Any, n: int, steps: int) -> float:

@@ -281,21 +281,6 @@ class LoopbackServer:
             logger.debug("error while stopping the %s", self._label, exc_info=True)
         self._thread, self._loop = None, None
 
-    def nodelay_of_connections(self) -> list[bool]:
-        """TCP_NODELAY of each open server-side connection (a diagnostic for tests)."""
-        loop = self.loop
-        if loop is None:
-            return []
-
-        async def probe() -> list[bool]:
-            out = []
-            for conn in self.connections:
-                sock = conn.transport.get_extra_info("socket")
-                out.append(bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
-            return out
-
-        return asyncio.run_coroutine_threadsafe(probe(), loop).result(5.0)
-
     def close_connections(self) -> None:
         """Close every open connection now, busy or not (loop thread only)."""
         for conn in list(self._table.open):

@@ -35,11 +35,10 @@ from gym_harness._bridge_http import MCP_PATH, BridgeHTTP
 from gym_harness._connections import HEADER_TIMEOUT_S
 from gym_harness._loopback import IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
 from gym_harness._tool_runner import ToolRunner
-from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
+from gym_harness.errors import BridgeError, ConfigError
 from gym_harness.tools import (
     HIDDEN_TAGS,
     LOCKED_TAG,
-    RESERVED_TOOL_NAMES,
     ToolSpec,
     load_tools,
     resolve_tool_conflicts,
@@ -93,12 +92,10 @@ class MCPBridge(RotatingToken):
 
     Args:
         tools: Anything :func:`gym_harness.tools.load_tools` accepts.
-        tool_names: Served name -> original name (from
-            :func:`~gym_harness.tools.resolve_tool_conflicts`). ``None`` serves every
-            non-hidden tool under its own name, renamed with ``prefix`` where it clashes
-            with one of ``builtin_names``.
-        builtin_names: The harness's own tool names (with ``tool_names=None``).
-        prefix: Prepended to a tool that clashes with a built-in (with ``tool_names=None``).
+        builtin_names: The harness's own tool names. Every non-hidden tool is served
+            under its own name, renamed with ``prefix`` where it clashes with one of them
+            (:func:`~gym_harness.tools.resolve_tool_conflicts`).
+        prefix: Prepended to a tool that clashes with a built-in.
         tool_timeout_s: A call running longer returns an MCP tool error (a hung sync
             tool keeps its worker thread until it returns; Python cannot kill it).
         lock: A ``threading.Lock`` held around every call of a tool tagged
@@ -130,7 +127,6 @@ class MCPBridge(RotatingToken):
         self,
         tools: Any,
         *,
-        tool_names: Mapping[str, str] | None = None,
         builtin_names: Iterable[str] = (),
         prefix: str = "env_",
         tool_timeout_s: float = 120.0,
@@ -158,7 +154,6 @@ class MCPBridge(RotatingToken):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self._spec = tools
-        self._requested_names = dict(tool_names) if tool_names is not None else None
         self._builtin_names = frozenset(builtin_names)
         self._prefix = prefix
         self.tool_timeout_s = tool_timeout_s
@@ -320,10 +315,7 @@ class MCPBridge(RotatingToken):
         source = load_tools(self._spec)
         originals = {tool.name: tool for tool in run_sync(source.list_tools)}
         visible = [name for name, tool in originals.items() if not _hidden(tool)]
-        if self._requested_names is None:
-            names = resolve_tool_conflicts(visible, self._builtin_names, self._prefix)
-        else:
-            names = self._check_requested(self._requested_names, originals, visible)
+        names = resolve_tool_conflicts(visible, self._builtin_names, self._prefix)
         served = [_ServedTool.wrap(self, new, originals[old]) for new, old in names.items()]
         self._source, self._names = source, names
         self._runner = ToolRunner(
@@ -345,21 +337,6 @@ class MCPBridge(RotatingToken):
             on_duplicate="error",
             middleware=[_listing_watch(self)],
         )
-
-    @staticmethod
-    def _check_requested(
-        requested: dict[str, str], originals: Mapping[str, Tool], visible: list[str]
-    ) -> dict[str, str]:
-        reserved = sorted(RESERVED_TOOL_NAMES.intersection(requested))
-        if reserved:
-            raise ToolConflictError(f"tool_names serves reserved names {reserved}")
-        unknown = sorted(old for old in requested.values() if old not in originals)
-        if unknown:
-            raise ToolConflictError(f"tool_names names tools the env does not have: {unknown}")
-        hidden = sorted(old for old in requested.values() if old not in visible)
-        if hidden:
-            raise ToolConflictError(f"tool_names would serve internal or reward tools {hidden}")
-        return dict(requested)
 
     # -- calls (on the bridge loop) ---------------------------------------------------
 

@@ -42,11 +42,9 @@ __all__ = [
     "RESERVED_TOOL_NAMES",
     "REWARD_TAG",
     "ToolSpec",
-    "list_tool_specs",
     "load_tools",
     "resolve_tool_conflicts",
     "run_sync",
-    "served_tool_specs",
     "tool_tags",
 ]
 
@@ -234,47 +232,3 @@ def run_sync(coro_factory: Callable[[], Coroutine[Any, Any, _T]], timeout_s: flo
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-async def _specs(server: FastMCP) -> list[ToolSpec]:
-    return [
-        ToolSpec(
-            name=tool.name,
-            description=tool.description or "",
-            input_schema=dict(tool.parameters),
-            tags=frozenset(tool.tags),
-        )
-        for tool in await server.list_tools()
-    ]
-
-
-def list_tool_specs(server: FastMCP, timeout_s: float = 30.0) -> list[ToolSpec]:
-    """List every tool of a server, hidden ones included, from synchronous code.
-
-    Args:
-        server: A server from :func:`load_tools`.
-        timeout_s: How long to wait for the listing.
-
-    Returns:
-        One :class:`ToolSpec` per tool, in the server's order.
-
-    Raises:
-        BridgeError: The listing did not finish in time.
-    """
-    return run_sync(lambda: _specs(server), timeout_s)
-
-
-def served_tool_specs(server: FastMCP, timeout_s: float = 30.0) -> list[ToolSpec]:
-    """List the tools a bridge may serve: every tool but the internal and reward ones.
-
-    Args:
-        server: A server from :func:`load_tools`.
-        timeout_s: How long to wait for the listing.
-
-    Returns:
-        The servable tools' specs; pass their names to :func:`resolve_tool_conflicts`.
-
-    Raises:
-        BridgeError: The listing did not finish in time.
-    """
-    return [spec for spec in list_tool_specs(server, timeout_s) if not spec.hidden]

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from support.gate import gate  # noqa: F401  (a fixture: shared by the bridge tests)
 
 SESSION_VAR = "GYM_HARNESS_SESSION"
 _CLONE_NEWNET = 0x40000000

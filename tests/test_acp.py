@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_support import (
+from support.cli import (
     Calls,
     adding_model,
     assert_gone,
@@ -28,7 +28,7 @@ from cli_support import (
     stalled_turn,
     two_turns,
 )
-from model_server import ScriptedModelServer
+from support.model_server import ScriptedModelServer
 
 from gym_harness.env import HarnessEnv
 from gym_harness.harnesses import EpisodeContext, harness_class

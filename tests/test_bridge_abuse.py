@@ -11,13 +11,13 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
 import pytest
 from fastmcp import Client, Context, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
+from support.gate import Gate
 
 from gym_harness import HarnessEnv, tool_tags
 from gym_harness.bridge import BridgeState, MCPBridge
@@ -29,25 +29,6 @@ LEGACY_VERSION = "2025-06-18"
 
 def _client(bridge: MCPBridge) -> Client[Any]:
     return Client(StreamableHttpTransport(bridge.url, auth=bridge.token), timeout=30)
-
-
-class Gate:
-    """Tool bodies that block until the test opens the gate (bounded either way)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def wait(self) -> str:
-        """Block until released."""
-        self.event.wait(30)
-        return "released"
-
-
-@pytest.fixture
-def gate() -> Iterator[Gate]:
-    g = Gate()
-    yield g
-    g.event.set()
 
 
 def add(a: int, b: int) -> int:
@@ -274,7 +255,7 @@ def test_timed_out_locked_tool_keeps_the_lock_until_it_really_ends(gate: Gate) -
     @tool_tags(LOCKED_TAG)
     def hold() -> str:
         """Hold the env lock until the gate opens."""
-        return gate.wait()
+        return gate.hang()
 
     @tool_tags(LOCKED_TAG)
     def touch() -> bool:
@@ -331,7 +312,7 @@ def test_locked_async_tool_that_ignores_cancellation_keeps_the_lock() -> None:
 def test_full_worker_pool_is_busy_and_never_one_more_thread(gate: Gate) -> None:
     def hang() -> str:
         """A sync tool that hangs until the gate opens."""
-        return gate.wait()
+        return gate.hang()
 
     with MCPBridge([hang, add], tool_workers=2, tool_timeout_s=0.5) as bridge:
         assert bridge.call_tool("add", {"a": 1, "b": 1}).text == "2"  # one worker exists

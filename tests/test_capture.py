@@ -13,8 +13,8 @@ import httpx2 as httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from model_server import Drop, Fail, ScriptedModelServer, Stall, token_id
-from raw_upstream import RawUpstream
+from support.model_server import Drop, Fail, ScriptedModelServer, Stall, token_id
+from support.raw_upstream import RawUpstream
 
 from gym_harness._upstream import UpstreamDropped, _Body
 from gym_harness.capture import ModelExchange, ModelProxy, ProxyState, SSEEvent, parse_sse

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from model_server import Echo, ScriptedModelServer
-from raw_upstream import RawUpstream
+from support.model_server import Echo, ScriptedModelServer
+from support.raw_upstream import RawUpstream
 
 from gym_harness._secrets import MASK, Redactor
 from gym_harness.capture import (

@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
-from cli_support import cli_path
-from model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
+from support.cli import cli_path
+from support.model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
 from gym_harness.capture import parse_sse

@@ -10,7 +10,7 @@ import httpx2 as httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from model_server import ScriptedModelServer
+from support.model_server import ScriptedModelServer
 
 from gym_harness.capture import ModelProxy
 from gym_harness.chat_format import exchange_messages, exchange_tools

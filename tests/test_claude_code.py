@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import (
+from support.cli import (
     TOKEN,
     Calls,
     adding_model,
@@ -26,7 +26,7 @@ from cli_support import (
     tree_after_close,
     two_turns,
 )
-from model_server import ScriptedModelServer
+from support.model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig

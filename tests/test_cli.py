@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import LINE_AGENT
 
-AGENT = str(Path(__file__).with_name("line_agent.py"))
+AGENT = str(LINE_AGENT)
 ROOT = Path(__file__).resolve().parent.parent
 
 

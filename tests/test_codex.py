@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import (
+from support.cli import (
     TOKEN,
     Calls,
     adding_model,
@@ -27,8 +27,8 @@ from cli_support import (
     tree_after_close,
     two_turns,
 )
-from cli_support import episode_ctx as make_ctx
-from model_server import ScriptedModelServer
+from support.cli import episode_ctx as make_ctx
+from support.model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig

@@ -1,10 +1,10 @@
 """Hostile harnesses: no process of their tree survives stop(), close() or the owner's SIGKILL,
 and no workspace survives the owner's death.
 
-Each hostile tree (tests/scripts/harness.py: env_cleared, disguised, keeper_killer,
+Each hostile tree (tests/support/scripts/harness.py: env_cleared, disguised, keeper_killer,
 fork_storm) writes every one of its pids to a file, so the check does not depend on
 anything the tree can hide. Tests that kill the owner run it as a subprocess
-(tests/scripts/owner.py); where the machine allows, also as an unprivileged user
+(tests/support/scripts/owner.py); where the machine allows, also as an unprivileged user
 (uid 65534, through ``setpriv``), where no cgroup is writable and the keeper's
 subreaper alone contains the tree.
 """
@@ -24,14 +24,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_process import SCRIPT, is_ready, running, wait_gone
+from support import OWNER_SCRIPT
+from support.process import SCRIPT, is_ready, running, wait_gone
 
 from gym_harness import _keeper
 from gym_harness.config import HarnessConfig
 from gym_harness.env import HarnessEnv
 from gym_harness.process import HarnessProcess
 
-OWNER = Path(__file__).parent / "scripts" / "owner.py"
+OWNER = OWNER_SCRIPT
 ROOT = Path(__file__).parent.parent
 HOSTILE = ["env_cleared", "disguised", "keeper_killer", "fork_storm"]
 NOBODY = 65534
@@ -220,7 +221,7 @@ def _owner_env(workdir: Path) -> dict[str, str]:
 
 
 class Owner:
-    """tests/scripts/owner.py as a subprocess: its report, commands, and its SIGKILL."""
+    """tests/support/scripts/owner.py as a subprocess: its report, commands, and its SIGKILL."""
 
     def __init__(self, prefix: list[str], workdir: Path, *args: str) -> None:
         self.proc = subprocess.Popen(

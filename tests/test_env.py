@@ -16,11 +16,12 @@ import psutil
 import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
+from support import LINE_AGENT
 
 import gym_harness
 from gym_harness import ConfigError, HarnessEnv, RewardContext, ToolConflictError, tool_tags
 
-AGENT = str(Path(__file__).with_name("line_agent.py"))
+AGENT = str(LINE_AGENT)
 INFO_TYPES = {
     "turn": int,
     "error_type": str,

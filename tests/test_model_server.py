@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-from model_server import Drop, Fail, Reply, ScriptedModelServer, Stall, token_id
+from support.model_server import Drop, Fail, Reply, ScriptedModelServer, Stall, token_id
 
 ADD = {"a": 2, "b": 3}
 

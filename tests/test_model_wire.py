@@ -1,7 +1,7 @@
 """gym_harness.model: request -> observation -> action -> answer, in the four wire APIs.
 
 The requests under ``tests/data/model_requests`` are real: what Claude Code, Codex,
-OpenCode, Qwen Code and Gemini CLI sent (against tests/model_server.py, second model
+OpenCode, Qwen Code and Gemini CLI sent (against tests/support/model_server.py, second model
 call of a turn that called the env tool ``add``). Answers are read back with the
 parsers the capture proxy uses (``capture_records.assemble``, ``chat_format``), which
 were written against the real APIs' streams.

@@ -1,6 +1,6 @@
 """Nothing escapes a step (issue 11): every harness fault is an outcome, and no
 turn is ever shifted or lost. Each case goes through ``gymnasium.make`` with a real
-hostile harness process (``tests/scripts/hostile.py``) and checks the outcome, that
+hostile harness process (``tests/support/scripts/hostile.py``) and checks the outcome, that
 every turn is in the trajectory, and that the next step answers its own message
 or says that ``reset()`` is needed.
 """
@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -19,10 +18,19 @@ import pytest
 from gymnasium.error import ResetNeeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import HOSTILE_SCRIPT
 
-from gym_harness import CallbackError, CommandHarness, HarnessEvent, Outcome, RewardContext
+from gym_harness import (
+    CallbackError,
+    CommandHarness,
+    HarnessEvent,
+    Outcome,
+    ProtocolError,
+    RewardContext,
+)
+from gym_harness.harnesses import Feed
 
-HOSTILE = str(Path(__file__).resolve().parent / "scripts" / "hostile.py")
+HOSTILE = str(HOSTILE_SCRIPT)
 
 
 def make(*args: str, **kwargs: Any) -> gymnasium.Env[str, str]:
@@ -70,6 +78,38 @@ def test_a_cut_line_is_a_protocol_error_naming_max_line_bytes() -> None:
         assert (terminated, info["error_type"]) == (True, "protocol_error")
         assert "max_line_bytes" in info["error"]
         assert len(turns(env)) == 1
+        assert_reset_needed_then_fresh(env)
+    finally:
+        env.close()
+
+
+class StrictDialect(CommandHarness):
+    """A custom adapter that refuses a reply its dialect does not allow."""
+
+    def feed(self, line: str) -> Feed:
+        if "echo: forbidden" in line:
+            raise ProtocolError("this dialect never replies 'forbidden'")
+        return super().feed(line)
+
+
+def test_an_adapter_raising_protocol_error_is_a_protocol_error_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = gymnasium.make(
+        "gym_harness/Command-v0",
+        harness=StrictDialect(),
+        command=[sys.executable, HOSTILE],
+        turn_timeout_s=30,
+    )
+    try:
+        env.reset()
+        with caplog.at_level(logging.WARNING, logger="gym_harness"):
+            _, _, terminated, truncated, info = env.step("forbidden")
+        assert (terminated, truncated) == (True, False)
+        assert info["error_type"] == Outcome.PROTOCOL_ERROR
+        assert info["error"] == "this dialect never replies 'forbidden'"
+        assert not [r for r in caplog.records if r.exc_info]  # the harness's fault, not a bug
+        assert [t.error_type for t in turns(env)] == ["protocol_error"]
         assert_reset_needed_then_fresh(env)
     finally:
         env.close()

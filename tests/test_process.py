@@ -1,4 +1,4 @@
-"""HarnessProcess against real fake-harness processes (tests/scripts/harness.py).
+"""HarnessProcess against real fake-harness processes (tests/support/scripts/harness.py).
 
 Every test also runs under the autouse guard in conftest.py, which fails it if any
 process of ours is left running; tests that know pids check them explicitly too.
@@ -13,8 +13,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import psutil
 import pytest
+from support.process import config, is_ready, running, wait_gone
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import (
@@ -25,33 +25,7 @@ from gym_harness.errors import (
 )
 from gym_harness.process import MARKER_VAR, SESSION_VAR, HarnessProcess, ProcessUsage
 
-SCRIPT = Path(__file__).parent / "scripts" / "harness.py"
 MB = 1024 * 1024
-
-
-def config(mode: str, **changes: object) -> HarnessConfig:
-    return HarnessConfig(command=(sys.executable, str(SCRIPT), mode), **changes)  # type: ignore[arg-type]
-
-
-def is_ready(line: str) -> bool:
-    return line == '{"type":"ready"}'
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
-    """Return the pids still running after a bounded wait."""
-    deadline = time.monotonic() + timeout_s
-    left = [pid for pid in pids if running(pid)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        left = [pid for pid in left if running(pid)]
-    return left
 
 
 def read_until(proc: HarnessProcess, wanted: str, timeout_s: float = 10.0) -> list[str]:

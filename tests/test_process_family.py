@@ -12,12 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_process import SCRIPT, config, is_ready, running, wait_gone
+from support import OWNER_SCRIPT
+from support.process import SCRIPT, config, is_ready, running, wait_gone
 
 from gym_harness.config import HarnessConfig
 from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
 
-OWNER = Path(__file__).parent / "scripts" / "owner.py"
+OWNER = OWNER_SCRIPT
 ROOT = Path(__file__).parent.parent
 
 

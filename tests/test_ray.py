@@ -14,13 +14,13 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import gymnasium
 import numpy as np
 import psutil
 import pytest
+from support import LINE_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.demo import demo_tasks_path
@@ -31,7 +31,7 @@ from gym_harness.tasks import load_tasks
 ray = pytest.importorskip("ray")
 from gym_harness.ray import RayVectorEnv, ray_rollout  # noqa: E402
 
-AGENT = str(Path(__file__).with_name("line_agent.py"))
+AGENT = str(LINE_AGENT)
 HALF_CPU = {"num_cpus": 0.5}  # 4 sub-envs on the 2 CPUs the test instance has
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 

@@ -3,7 +3,7 @@
 Every agent runs ``python -m gym_harness.agents.reference`` with pipes; the env's
 side is played here line by line. The MCP server is the real ``MCPBridge`` serving
 the demo tools over loopback HTTP; the ``openai`` policy talks to the scripted
-model server of ``tests/model_server.py``.
+model server of ``tests/support/model_server.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from model_server import Fail, Reply, ScriptedModelServer
+from support.model_server import Fail, Reply, ScriptedModelServer
 
 from gym_harness.bridge import MCPBridge
 from gym_harness.demo import DEMO_TOOLS, demo_reward, demo_tasks

@@ -18,13 +18,26 @@ from gym_harness.tools import (
     INTERNAL_TAG,
     LOCKED_TAG,
     RESERVED_TOOL_NAMES,
-    list_tool_specs,
+    ToolSpec,
     load_tools,
     resolve_tool_conflicts,
     run_sync,
-    served_tool_specs,
     tool_tags,
 )
+
+
+def list_tool_specs(server: FastMCP) -> list[ToolSpec]:
+    """Every tool of ``server``, hidden ones included, listed from synchronous code."""
+    return [
+        ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
+        for t in run_sync(server.list_tools)
+    ]
+
+
+def served_tool_specs(server: FastMCP) -> list[ToolSpec]:
+    """The tools a bridge may serve: all but the internal and reward ones."""
+    return [spec for spec in list_tool_specs(server) if not spec.hidden]
+
 
 # -- resolve_tool_conflicts -----------------------------------------------------------
 

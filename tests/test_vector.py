@@ -4,16 +4,16 @@ isolation of a crashing sub-env, and no process left after close."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import gymnasium
 import numpy as np
 import psutil
 import pytest
+from support import LINE_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
 
-AGENT = str(Path(__file__).with_name("line_agent.py"))
+AGENT = str(LINE_AGENT)
 COMMAND = [sys.executable, AGENT]
 
 

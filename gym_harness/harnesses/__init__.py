@@ -24,11 +24,11 @@ HARNESSES: dict[str, str] = {
     "claude_code": "gym_harness.harnesses.claude_code:ClaudeCodeHarness",
     "codex": "gym_harness.harnesses.codex:CodexHarness",
     "acp": "gym_harness.harnesses.acp:ACPHarness",
-    "opencode": "gym_harness.harnesses.acp:OpenCodeHarness",
-    "qwen_code": "gym_harness.harnesses.acp:QwenCodeHarness",
-    "gemini_cli": "gym_harness.harnesses.acp:GeminiCLIHarness",
-    "claude_agent_acp": "gym_harness.harnesses.acp:ClaudeAgentACPHarness",
-    "codex_acp": "gym_harness.harnesses.acp:CodexACPHarness",
+    "opencode": "gym_harness.harnesses.acp_presets:OpenCodeHarness",
+    "qwen_code": "gym_harness.harnesses.acp_presets:QwenCodeHarness",
+    "gemini_cli": "gym_harness.harnesses.acp_presets:GeminiCLIHarness",
+    "claude_agent_acp": "gym_harness.harnesses.acp_presets:ClaudeAgentACPHarness",
+    "codex_acp": "gym_harness.harnesses.acp_presets:CodexACPHarness",
 }
 
 

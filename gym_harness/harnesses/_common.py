@@ -14,6 +14,9 @@ agents) needs the same few things:
   through the one bounded parser, ``gym_harness._json``); ``not_json`` is the
   ``protocol_error`` for a line that is not one, naming the bound it broke.
 * ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed.
+* ``content_text``: the text of a tool result's or a message's content, in any
+  of the dialects' shapes; ``usage_data``: camelCase usage counters (Codex, ACP)
+  under the ``llm_usage`` names.
 * ``RpcIds``: JSON-RPC request ids and what each pending request was for.
 * ``toml_document``: a config dict as TOML (Codex and codex-acp read ``config.toml``).
 * ``require_executable`` / ``require_key``: the checks of ``Harness.preflight``, whose
@@ -40,7 +43,9 @@ from gym_harness.outcome import Outcome
 __all__ = [
     "MODEL_KEY_VAR",
     "NPM_PACKAGES",
+    "USAGE_NAMES",
     "RpcIds",
+    "content_text",
     "json_line",
     "not_json",
     "openai_base",
@@ -52,6 +57,7 @@ __all__ = [
     "scrub_inherit",
     "toml_document",
     "turn_failed",
+    "usage_data",
     "write_private",
 ]
 
@@ -155,6 +161,57 @@ def not_json(who: str, line: str, why: str = "not JSON") -> Feed:
         error_type=Outcome.PROTOCOL_ERROR,
         error=f"{who} printed a line on stdout that is not one JSON object ({why}): {line[:200]!r}",
     )
+
+
+def content_text(content: Any) -> str:
+    """The text of content as the harnesses report it, in any dialect's shape.
+
+    A string is its own text; a list is its blocks' texts joined; a text block
+    (``{"type": "text", "text": ...}``, or an untyped one with ``text``) gives its
+    text, and an ACP wrapper (``{"type": "content", "content": block}``) its inner
+    block's; other blocks (images, diffs) give ``""``, and ``None`` too.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(content_text(block) for block in content)
+    if isinstance(content, dict):
+        if "text" in content and content.get("type", "text") == "text":
+            return str(content["text"])
+        inner = content.get("content")
+        return content_text(inner) if isinstance(inner, dict) else ""
+    return str(content)
+
+
+#: camelCase usage counters (Codex's app-server, ACP agents) -> our ``llm_usage`` names.
+USAGE_NAMES: dict[str, str] = {
+    "inputTokens": "input_tokens",
+    "outputTokens": "output_tokens",
+    "totalTokens": "total_tokens",
+    "cachedInputTokens": "cached_input_tokens",
+    "reasoningOutputTokens": "reasoning_output_tokens",
+    "thoughtTokens": "thought_tokens",
+    "cachedReadTokens": "cache_read_input_tokens",
+    "cachedWriteTokens": "cache_creation_input_tokens",
+}
+
+
+def usage_data(
+    usage: Mapping[str, Any], counted: Iterable[str], optional: Iterable[str] = ()
+) -> dict[str, Any]:
+    """A camelCase usage report as ``llm_usage`` data, under the names of ``USAGE_NAMES``.
+
+    Args:
+        usage: The harness's usage object.
+        counted: Keys always reported: 0 when absent (a report already under our
+            snake_case name, as Gemini's quota gives it, counts too).
+        optional: Keys reported only when present.
+    """
+    data = {USAGE_NAMES[k]: usage.get(k, usage.get(USAGE_NAMES[k], 0)) for k in counted}
+    data.update({USAGE_NAMES[k]: usage[k] for k in optional if k in usage})
+    return data
 
 
 def turn_failed(

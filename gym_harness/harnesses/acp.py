@@ -35,15 +35,17 @@ from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     RpcIds,
+    content_text,
     not_json,
     parse_object,
     private_home_env,
     turn_failed,
+    usage_data,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
 from gym_harness.outcome import Outcome
 
-__all__ = ["PRESETS", "PROTOCOL_VERSION", "ACPHarness"]
+__all__ = ["PROTOCOL_VERSION", "ACPHarness"]
 
 _NO_COMMAND = (
     "ACPHarness needs the agent's argv: ACPHarness(command=[...]), "
@@ -54,14 +56,6 @@ _NO_COMMAND = (
 PROTOCOL_VERSION = 1
 #: JSON-RPC "method not found": our answer to capabilities we did not advertise.
 METHOD_NOT_FOUND = -32601
-#: Preset classes, defined in ``acp_presets`` and importable from here.
-PRESETS = (
-    "ClaudeAgentACPHarness",
-    "CodexACPHarness",
-    "GeminiCLIHarness",
-    "OpenCodeHarness",
-    "QwenCodeHarness",
-)
 
 
 class ACPHarness(Harness):
@@ -303,7 +297,7 @@ class ACPHarness(Harness):
         events: list[HarnessEvent] = []
         meta_usage = (update.get("_meta") or {}).get("usage")
         if kind == "agent_message_chunk":
-            text = _content_text(update.get("content"))
+            text = content_text(update.get("content"))
             if text:
                 self._chunks.append(text)
                 events.append(HarnessEvent(EventType.TEXT, {"text": text}))
@@ -311,7 +305,7 @@ class ACPHarness(Harness):
             events.append(
                 HarnessEvent(
                     EventType.OTHER,
-                    {"kind": "thought", "text": _content_text(update.get("content"))},
+                    {"kind": "thought", "text": content_text(update.get("content"))},
                 )
             )
         elif kind in ("tool_call", "tool_call_update"):
@@ -389,18 +383,6 @@ def _title(tool_call: Mapping[str, Any]) -> str:
     return str(tool_call.get("title") or tool_call.get("kind") or "")
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, dict):
-        if content.get("type") == "text":
-            return str(content.get("text", ""))
-        if isinstance(content.get("content"), dict):
-            return _content_text(content["content"])
-        return ""
-    if isinstance(content, list):
-        return "".join(_content_text(c) for c in content)
-    return ""
-
-
 def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
     raw = tool_call.get("rawInput")
     if isinstance(raw, dict) and raw:
@@ -409,7 +391,7 @@ def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
             return dict(inner)
         return dict(raw)
     # Gemini CLI shows the arguments only as the permission request's text content.
-    text = _content_text(tool_call.get("content"))
+    text = content_text(tool_call.get("content"))
     if text.startswith("{"):
         try:
             parsed = _json.loads(text)
@@ -420,7 +402,7 @@ def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tool_content(update: Mapping[str, Any]) -> str:
-    text = _content_text(update.get("content"))
+    text = content_text(update.get("content"))
     if text:
         return text
     raw = update.get("rawOutput")
@@ -433,30 +415,12 @@ def _tool_content(update: Mapping[str, Any]) -> str:
 
 def _usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     """ACP usage (camelCase, or Gemini's snake_case quota) as our llm_usage data."""
-    data = {
-        "input_tokens": usage.get("inputTokens", usage.get("input_tokens", 0)),
-        "output_tokens": usage.get("outputTokens", usage.get("output_tokens", 0)),
-    }
-    for key, ours in (
-        ("totalTokens", "total_tokens"),
-        ("thoughtTokens", "thought_tokens"),
-        ("cachedReadTokens", "cache_read_input_tokens"),
-        ("cachedWriteTokens", "cache_creation_input_tokens"),
-    ):
-        if key in usage:
-            data[ours] = usage[key]
-    return data
+    return usage_data(
+        usage,
+        ("inputTokens", "outputTokens"),
+        ("totalTokens", "thoughtTokens", "cachedReadTokens", "cachedWriteTokens"),
+    )
 
 
 def _plain(update: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in update.items() if k != "sessionUpdate"}
-
-
-def __getattr__(name: str) -> Any:
-    # Presets live in acp_presets (which imports this module); resolved lazily so
-    # the registry's "gym_harness.harnesses.acp:OpenCodeHarness" works without a cycle.
-    if name in PRESETS:
-        from gym_harness.harnesses import acp_presets
-
-        return getattr(acp_presets, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

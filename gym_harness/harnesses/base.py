@@ -75,7 +75,9 @@ class Feed:
         done: The harness says the task is finished (with ``turn_complete``).
         error_type: An ``Outcome`` when the line reports a failure
             (``Outcome.PROTOCOL_ERROR``, ``Outcome.STARTUP_FAILED`` ...); ends the turn.
-            A ``feed`` that raises is the harness's ``protocol_error`` too (see ``turn.py``).
+            A ``feed`` that raises is the harness's ``protocol_error`` too (see ``turn.py``):
+            raise :class:`~gym_harness.errors.ProtocolError` for output the dialect
+            forbids, anything else for a bug of the adapter (logged with its traceback).
         error: A human-readable account of that failure.
     """
 
@@ -153,7 +155,12 @@ class Harness(ABC):
 
     @abstractmethod
     def feed(self, line: str) -> Feed:
-        """Interpret one line of the harness's stdout (without its newline)."""
+        """Interpret one line of the harness's stdout (without its newline).
+
+        Raises:
+            ProtocolError: The line breaks the dialect; the turn ends as
+                ``protocol_error`` with this error's message.
+        """
 
     def interrupt_lines(self) -> list[str]:
         """Lines that interrupt the running turn, where the dialect has a way."""

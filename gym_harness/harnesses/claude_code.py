@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
+    content_text,
     json_line,
     not_json,
     parse_object,
@@ -308,7 +309,7 @@ class ClaudeCodeHarness(Harness):
                     EventType.TOOL_RESULT,
                     {
                         "name": self._short(full),
-                        "content": _content_text(block.get("content")),
+                        "content": content_text(block.get("content")),
                         "is_error": bool(block.get("is_error", False)),
                         "id": block.get("tool_use_id"),
                     },
@@ -341,12 +342,3 @@ class ClaudeCodeHarness(Harness):
             error = f"Claude Code ended the turn with {obj.get('subtype')}: {message}"
             return turn_failed(response, message, error, events)
         return Feed(events=events, turn_complete=True, response=response)
-
-
-def _content_text(content: Any) -> str:
-    """A tool result's content as text (Claude gives a string or a list of blocks)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
-    return "" if content is None else json.dumps(content)

@@ -36,6 +36,7 @@ from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     RpcIds,
+    content_text,
     not_json,
     openai_base,
     parse_object,
@@ -44,6 +45,7 @@ from gym_harness.harnesses._common import (
     require_executable,
     require_key,
     turn_failed,
+    usage_data,
     write_private,
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
@@ -390,7 +392,7 @@ class CodexHarness(Harness):
                 return [HarnessEvent(EventType.TOOL_CALL, data)]
             result = item.get("result") or {}
             error = (item.get("error") or {}).get("message")
-            content = error or _content_text(result.get("content"))
+            content = error or content_text(result.get("content"))
             is_error = bool(error) or item.get("status") == "failed" or bool(result.get("isError"))
             data = {"name": name, "content": content, "is_error": is_error, "id": item.get("id")}
             return [HarnessEvent(EventType.TOOL_RESULT, data)]
@@ -446,19 +448,16 @@ class CodexHarness(Harness):
 
 
 def _usage(last: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "input_tokens": last.get("inputTokens", 0),
-        "output_tokens": last.get("outputTokens", 0),
-        "cached_input_tokens": last.get("cachedInputTokens", 0),
-        "reasoning_output_tokens": last.get("reasoningOutputTokens", 0),
-        "total_tokens": last.get("totalTokens", 0),
-    }
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
-    return "" if content is None else str(content)
+    return usage_data(
+        last,
+        (
+            "inputTokens",
+            "outputTokens",
+            "cachedInputTokens",
+            "reasoningOutputTokens",
+            "totalTokens",
+        ),
+    )
 
 
 def native_codex(executable: str, path: str | None = None) -> tuple[str, str] | None:

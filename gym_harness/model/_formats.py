@@ -3,7 +3,7 @@
 Per API three builders, used by :class:`gym_harness.model.answer.AnswerWriter`: the
 stream's head (events that need no completion), the rest of the stream, and the whole
 unstreamed body. Each returns plain dicts; the writer frames them. The event sequences
-follow ``tests/model_server.py``, which the real CLIs accept.
+follow ``tests/support/model_server.py``, which the real CLIs accept.
 """
 
 from __future__ import annotations

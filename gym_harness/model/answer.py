@@ -16,7 +16,7 @@ newline for Gemini, whose SDK rejects comments), and
 ``logprobs`` and the policy's ``usage`` never reach the harness: the wire usage is
 an estimate (``len // 4``) unless the caller passes one.
 
-The event sequences follow ``tests/model_server.py``, which the real CLIs accept.
+The event sequences follow ``tests/support/model_server.py``, which the real CLIs accept.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A line-protocol v1 harness with scripted faults, for the env tests.
 
-Usage: ``python tests/line_agent.py [MODE] [--delay S]``. It prints
+Usage: ``python tests/support/line_agent.py [MODE] [--delay S]``. It prints
 ``{"type":"ready"}`` (unless the mode says otherwise), then answers each
 message per MODE; a message's own text can also ask for a fault, so one
 process can behave well for some turns and then fail:

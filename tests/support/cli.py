@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from model_server import LoggedRequest, ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.harnesses import EpisodeContext, Harness
+from support.model_server import LoggedRequest, ScriptedModelServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI_BIN = ROOT / ".clis" / "node_modules" / ".bin"
 #: The bridge token offline tests put in their context (it must never reach argv).
 TOKEN = "bridge-secret-token"

@@ -1,4 +1,4 @@
-"""A fake harness for tests/test_process*.py; the first argument picks its behaviour.
+"""A fake harness for the process and containment tests; the first argument picks its behaviour.
 
 echo          print {"type":"ready"}, then echo each stdin line; "err:X" goes to stderr as X
 never_ready   print chatter but never the ready line

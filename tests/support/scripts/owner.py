@@ -7,7 +7,7 @@
                                           a HarnessProcess running a hostile mode of
                                           harness.py: {"harness": pid, "keeper": pid}
     owner.py env                          a HarnessEnv mid-episode (one turn done) on
-                                          tests/line_agent.py: {"root": dir, "harness": pid}
+                                          tests/support/line_agent.py: {"root": dir, "harness": pid}
     owner.py vector N                     an AsyncVectorEnv of N such envs after reset:
                                           {"workers": [pid, ...], "harnesses": [pid, ...]}
 

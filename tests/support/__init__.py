@@ -1,0 +1,27 @@
+"""Helpers shared by the test files (importable as ``support`` from ``tests/``).
+
+* ``cli``: the real-CLI scaffolding (``cli_path``, the network-isolated episodes).
+* ``model_server``: the scripted model server the CLIs and the capture proxy talk to.
+* ``raw_upstream``: a bare TCP upstream that answers with exact bytes.
+* ``process``: the fake harness of the process tests and the pid checks around it.
+* ``gate``: a tool body that blocks until the test releases it.
+* ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use
+  the path constants below, never a path of your own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["HARNESS_SCRIPT", "HOSTILE_SCRIPT", "LINE_AGENT", "OWNER_SCRIPT", "SUPPORT"]
+
+#: This directory.
+SUPPORT = Path(__file__).resolve().parent
+#: The line-protocol test harness (``python LINE_AGENT [MODE] [--delay S]``).
+LINE_AGENT = SUPPORT / "line_agent.py"
+#: The fake harness of the process tests; its first argument picks its behaviour.
+HARNESS_SCRIPT = SUPPORT / "scripts" / "harness.py"
+#: A line-protocol harness that misbehaves on command (the "nothing escapes" tests).
+HOSTILE_SCRIPT = SUPPORT / "scripts" / "hostile.py"
+#: A process that owns an env and reports on it (the containment tests).
+OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"

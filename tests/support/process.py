@@ -1,0 +1,43 @@
+"""The fake harness of the process tests (``scripts/harness.py``) and pid checks."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+
+from gym_harness.config import HarnessConfig
+from support import HARNESS_SCRIPT
+
+__all__ = ["SCRIPT", "config", "is_ready", "running", "wait_gone"]
+
+SCRIPT = HARNESS_SCRIPT
+
+
+def config(mode: str, **changes: object) -> HarnessConfig:
+    """A config that starts ``scripts/harness.py`` in ``mode``."""
+    return HarnessConfig(command=(sys.executable, str(SCRIPT), mode), **changes)  # type: ignore[arg-type]
+
+
+def is_ready(line: str) -> bool:
+    """The fake harness's readiness line."""
+    return line == '{"type":"ready"}'
+
+
+def running(pid: int) -> bool:
+    """The pid runs (a zombie counts as exited)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
+    """Return the pids still running after a bounded wait."""
+    deadline = time.monotonic() + timeout_s
+    left = [pid for pid in pids if running(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [pid for pid in left if running(pid)]
+    return left
