@@ -14,16 +14,16 @@ behind a lock. ``stop()`` shuts the server and joins its threads, bounded.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from support.model_server import QuietHandler
 
 from gym_harness.model import (
     AnswerWriter,
@@ -196,23 +196,8 @@ class _Server(ThreadingHTTPServer):
     owner: ModelEndpoint
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: _Server
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _dispatch(self) -> None:
-        try:
-            self.server.owner.handle(self)
-        except OSError:  # the CLI hung up
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
-
-    do_GET = do_POST = do_HEAD = _dispatch
+    def serve(self) -> None:
+        self.server.owner.handle(self)

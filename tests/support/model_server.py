@@ -53,6 +53,7 @@ __all__ = [
     "Echo",
     "Fail",
     "LoggedRequest",
+    "QuietHandler",
     "Raw",
     "Reply",
     "ScriptedModelServer",
@@ -862,9 +863,15 @@ class _Server(ThreadingHTTPServer):
                 self.owner._conns.discard(request)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 on loopback for test servers: no delayed ACKs, no log lines.
+
+    Subclasses implement :meth:`serve`; any exception in :attr:`aborts` (a client that
+    hung up, by default) closes the connection quietly.
+    """
+
     protocol_version = "HTTP/1.1"
-    server: _Server
+    aborts: tuple[type[BaseException], ...] = (OSError,)
 
     def setup(self) -> None:
         super().setup()
@@ -873,15 +880,27 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def serve(self) -> None:
+        """Answer the request that was just read."""
+        raise NotImplementedError
+
     def _dispatch(self) -> None:
         try:
-            self.server.owner._handle(self)
-        except (_Abort, OSError):
+            self.serve()
+        except self.aborts:
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
 
     do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _dispatch
+
+
+class _Handler(QuietHandler):
+    server: _Server
+    aborts = (_Abort, OSError)
+
+    def serve(self) -> None:
+        self.server.owner._handle(self)
 
 
 @pytest.fixture
