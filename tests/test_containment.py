@@ -171,14 +171,16 @@ def _nobody_prefix(workdir: Path) -> list[str] | str:
     if setpriv is None:
         return "setpriv (util-linux) is not installed"
     run_as = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-    blocked = _blocked_ancestor(Path(sys.executable))
+    # A venv's python is a link into the interpreter's tree: follow it.
+    python = Path(sys.executable).resolve()
+    blocked = _blocked_ancestor(python)
     if blocked is None:
         return run_as
     if unshare is None:
         return f"{blocked} is closed to other users and unshare is missing"
     # Python lives under a directory others may not enter (/root here): in a private
     # mount namespace, lay an open tmpfs over it that shows only the Python tree.
-    inner = blocked / Path(sys.executable).relative_to(blocked).parts[0]
+    inner = blocked / python.relative_to(blocked).parts[0]
     stage = workdir / "stage"
     stage.mkdir()
     script = (
