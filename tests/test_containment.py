@@ -233,7 +233,11 @@ class Owner:
             text=True,
             env=_owner_env(workdir),
         )
-        self.report = self.read()
+        try:
+            self.report = self.read()
+        except BaseException:
+            self.kill()  # no process and no open pipe outlives a failed start
+            raise
 
     def read(self) -> dict[str, object]:
         assert self.proc.stdout is not None
