@@ -14,7 +14,6 @@ behind a lock. ``stop()`` shuts the server and joins its threads, bounded.
 
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.model_server import QuietHandler
+from support.model_server import QuietHandler, read_body
 
 from gym_harness.model import (
     AnswerWriter,
@@ -100,7 +99,7 @@ class ModelEndpoint:
 
     def handle(self, h: _Handler) -> None:
         path, _, query = h.path.partition("?")
-        raw = _read_body(h)
+        raw = read_body(h)
         with self._lock:
             self._count += 1
             request_id = f"req-{self._count}"
@@ -146,21 +145,6 @@ class ModelEndpoint:
     def _log(self, call: Call) -> None:
         with self._lock:
             self._calls.append(call)
-
-
-def _read_body(h: BaseHTTPRequestHandler) -> bytes:
-    if h.headers.get("transfer-encoding", "").lower() == "chunked":
-        raw = b""
-        while size := int(h.rfile.readline().split(b";")[0].strip() or b"0", 16):
-            raw += h.rfile.read(size)
-            h.rfile.readline()
-        while h.rfile.readline() not in (b"\r\n", b"\n", b""):
-            pass
-    else:
-        raw = h.rfile.read(int(h.headers.get("content-length") or 0))
-    if h.headers.get("content-encoding", "").lower() == "gzip":
-        raw = gzip.decompress(raw)
-    return raw
 
 
 def _other(method: str, path: str) -> tuple[int, bytes]:

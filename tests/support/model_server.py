@@ -58,6 +58,7 @@ __all__ = [
     "Reply",
     "ScriptedModelServer",
     "Stall",
+    "read_body",
     "scripted_model_server",
 ]
 
@@ -288,7 +289,7 @@ class ScriptedModelServer:
 
     def _handle(self, h: _Handler) -> None:
         path, _, query = h.path.partition("?")
-        raw = _read_body(h)
+        raw = read_body(h)
         body: Any = None
         if raw:
             with contextlib.suppress(ValueError, RecursionError):  # deep JSON: body None
@@ -780,7 +781,8 @@ def _other(method: str, path: str, model: str, body: Any) -> tuple[int, Any]:
     return 404, {"error": {"type": "not_found_error", "message": f"no route for {method} {path}"}}
 
 
-def _read_body(h: BaseHTTPRequestHandler) -> bytes:
+def read_body(h: BaseHTTPRequestHandler) -> bytes:
+    """The request's body: chunked or sized, gzip undone."""
     if h.headers.get("transfer-encoding", "").lower() == "chunked":
         raw = b""
         while size := int(h.rfile.readline().split(b";")[0].strip() or b"0", 16):
