@@ -189,7 +189,7 @@ PHASES = {
         ("HarnessEnv.reset", "gym_harness.env:HarnessEnv.reset"),
         ("  HarnessEnv._end_episode", "gym_harness.env:HarnessEnv._end_episode"),
         ("    HarnessProcess.stop", "gym_harness.process:HarnessProcess.stop"),
-        ("      HarnessProcess._end_tree", "gym_harness.process:HarnessProcess._end_tree"),
+        ("      _tree.end", "gym_harness._tree:end"),
         ("        KeeperClient.end", "gym_harness._keeper_client:KeeperClient.end"),
         ("      keeper release", "gym_harness._keeper_client:release"),
         ("    shutil.rmtree (workspace)", "shutil:rmtree"),

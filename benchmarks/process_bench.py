@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import ProcessSpec
 from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.readiness import start_ready
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "support" / "scripts" / "harness.py"
 ECHO = (sys.executable, str(SCRIPT), "echo")
@@ -60,12 +61,12 @@ class OurEcho:
     """The echo script under HarnessProcess: write_line, read_line."""
 
     def __init__(self) -> None:
-        self.proc = HarnessProcess(HarnessConfig(command=ECHO))
-        self.proc.start(lambda line: line == READY)
+        self.proc = HarnessProcess(ProcessSpec(command=ECHO))
+        start_ready(self.proc, lambda line: line == READY)
 
     def round_trip(self) -> float:
         start = time.perf_counter()
-        self.proc.write_line(LINE)
+        self.proc.write_line(LINE, timeout_s=10)
         line = self.proc.read_line(timeout_s=10)
         elapsed = time.perf_counter() - start
         assert line == LINE

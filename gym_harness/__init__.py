@@ -17,7 +17,7 @@ import typing
 
 from gym_harness.capture_records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
 from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
-from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
+from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig, ProcessSpec, TurnLimits
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
     BridgeError,
@@ -34,8 +34,10 @@ from gym_harness.errors import (
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
+from gym_harness.lifecycle import Lifecycle, Liveness
 from gym_harness.outcome import Outcome
 from gym_harness.process import HarnessProcess, ProcessUsage
+from gym_harness.readiness import start_ready
 from gym_harness.registration import register_envs
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
@@ -45,7 +47,7 @@ from gym_harness.vector import make_vector_env
 
 if typing.TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge, ToolCallResult
-    from gym_harness.capture import ModelProxy, ProxyState
+    from gym_harness.capture import ModelProxy
 
 __version__ = "0.1.0"
 
@@ -54,7 +56,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "MCPBridge": "gym_harness.bridge",
     "ModelProxy": "gym_harness.capture",
-    "ProxyState": "gym_harness.capture",
     "ToolCallResult": "gym_harness.bridge",
 }
 
@@ -91,13 +92,15 @@ __all__ = [
     "HarnessEvent",
     "HarnessProcess",
     "HarnessStartError",
+    "Lifecycle",
+    "Liveness",
     "MCPBridge",
     "ModelExchange",
     "ModelProxy",
     "Outcome",
+    "ProcessSpec",
     "ProcessUsage",
     "ProtocolError",
-    "ProxyState",
     "RESERVED_TOOL_NAMES",
     "ReferenceHarness",
     "RewardContext",
@@ -110,6 +113,7 @@ __all__ = [
     "ToolConflictError",
     "ToolSpec",
     "Trajectory",
+    "TurnLimits",
     "TurnRecord",
     "TurnResult",
     "TurnTimeout",
@@ -123,6 +127,7 @@ __all__ = [
     "make_vector_env",
     "register_envs",
     "resolve_tool_conflicts",
+    "start_ready",
     "tool_tags",
 ]
 

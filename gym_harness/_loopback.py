@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import secrets
 import socket
@@ -45,6 +44,7 @@ from gym_harness._connections import (
     connection_class,
 )
 from gym_harness.errors import HarnessError
+from gym_harness.lifecycle import Lifecycle
 
 __all__ = ["IDLE_TIMEOUT_S", "LoopbackServer", "RotatingToken"]
 
@@ -94,12 +94,6 @@ class _ShutdownNoise(logging.Filter):
 
 
 _shutdown_noise = _ShutdownNoise()
-
-
-class _State(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    STOPPED = "stopped"
 
 
 class RotatingToken:
@@ -164,7 +158,7 @@ class LoopbackServer:
         self._options = options
         self._context = context
         self._table = Table(connection_cap(max_connections), header_timeout_s)
-        self._state = _State.NEW
+        self._state = Lifecycle.NEW
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -182,7 +176,7 @@ class LoopbackServer:
         """True while started, not stopped, and the server thread still runs its loop."""
         thread = self._thread
         return (
-            self._state is _State.RUNNING
+            self._state is Lifecycle.RUNNING
             and thread is not None
             and thread.is_alive()
             and not self._failure
@@ -194,7 +188,7 @@ class LoopbackServer:
         if self._failure:
             return f"the {self._label}'s event loop died: {self._failure[0]!r}"
         thread = self._thread
-        if self._state is _State.RUNNING and thread is not None and not thread.is_alive():
+        if self._state is Lifecycle.RUNNING and thread is not None and not thread.is_alive():
             return f"the {self._label}'s thread ended on its own"
         return ""
 
@@ -215,7 +209,7 @@ class LoopbackServer:
             HarnessError: Of the ``error`` class given: the socket, loop or thread could
                 not be made, or the server did not start in time (cause chained).
         """
-        if self._state is not _State.NEW:
+        if self._state is not Lifecycle.NEW:
             raise self._error(f"this {self._label} server was already started")
         import uvicorn
 
@@ -246,13 +240,13 @@ class LoopbackServer:
             target=self._serve, args=(loop, config, sock), name=self._thread_name, daemon=True
         )
         self._thread, self._loop = thread, loop
-        self._state = _State.RUNNING
+        self._state = Lifecycle.RUNNING
         try:
             thread.start()
         except RuntimeError as exc:  # "can't start new thread"
             loop.close()
             sock.close()
-            self._state, self._thread, self._loop = _State.STOPPED, None, None
+            self._state, self._thread, self._loop = Lifecycle.STOPPED, None, None
             raise self._error(f"cannot start the {self._label} thread: {exc}") from exc
         self._ready.wait(_START_TIMEOUT_S)
         if not self._ready.is_set() or self._failure:
@@ -264,9 +258,9 @@ class LoopbackServer:
 
     def stop(self) -> None:
         """Close the listener and every connection, end the thread; bounded, never raises."""
-        if self._state is not _State.RUNNING:
+        if self._state is not Lifecycle.RUNNING:
             return
-        self._state = _State.STOPPED
+        self._state = Lifecycle.STOPPED
         thread, loop, stopping = self._thread, self._loop, self._stopping
         try:
             if loop is not None and not loop.is_closed():

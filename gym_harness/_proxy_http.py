@@ -1,16 +1,81 @@
-"""The model proxy's side facing the harness: request bodies read under a bound, error answers.
+"""The model proxy's side facing the harness: one call's state and raw record, request
+bodies read under a bound, error answers.
 
 Threads: everything runs on the proxy's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from gym_harness import _json
+from gym_harness._secrets import Redactor
 
-__all__ = ["add_logprobs", "error_payload", "read_body", "send_json"]
+__all__ = ["Call", "add_logprobs", "error_payload", "read_body", "send_json"]
+
+
+@dataclass(slots=True)
+class Call:
+    """One harness call in flight through the proxy (the proxy thread's own state)."""
+
+    method: str
+    path: str
+    content: bytes  # the body as sent upstream
+    added: bool  # the proxy added a logprobs request to it
+    send: Any  # the ASGI send of the harness's connection
+    started_at: float  # wall clock when the whole request had arrived
+    t0: float  # perf_counter at the same moment
+    redact: Redactor  # the real key and the proxy token this call was let in with
+    relay: Redactor  # what to take out of the answer: the key, and the token if it went up
+    cap: int  # each recorded body is kept up to this many bytes
+    disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
+
+    def record(
+        self,
+        status: int,
+        outcome: str,
+        error: str,
+        answer: tuple[str, bytes] | None,
+        ttfb: float | None = None,
+        *,
+        request_bytes: int | None = None,
+        answer_bytes: int | None = None,
+        cut: bool = False,
+    ) -> dict[str, Any]:
+        """The raw facts of the finished exchange, capped and redacted, for ``assemble``.
+
+        Parsing waits for ``records()``/``drain()`` in the caller's thread, so it costs
+        the harness's call nothing.
+        """
+        total = time.perf_counter() - self.t0
+        cap, content = self.cap, self.content
+        request = self.redact.scrub(content[:cap] if len(content) > cap else content)
+        answer_size = 0 if answer is None else len(answer[1])
+        raw: dict[str, Any] = {
+            "method": self.method,
+            "path": self.path,
+            "request": request,
+            "logprobs_added": self.added,
+            "status": status,
+            "outcome": outcome,
+            "error": self.redact.scrub(error.encode()).decode() if error else "",
+            "answer": answer,
+            "started_at": self.started_at,
+            "ttfb_s": ttfb,
+            "total_s": total,
+            "request_bytes": len(content) if request_bytes is None else request_bytes,
+            "answer_bytes": answer_size if answer_bytes is None else answer_bytes,
+        }
+        raw["truncated"] = (
+            cut
+            or raw["request_bytes"] > min(len(content), cap)
+            or raw["answer_bytes"] > answer_size
+        )
+        return raw
 
 
 async def read_body(

@@ -23,7 +23,7 @@ import psutil
 
 from gym_harness._keeper_client import Child
 
-__all__ = ["end", "end_lost", "marked_pids", "snapshot"]
+__all__ = ["end", "end_lost", "marked_pids", "snapshot", "usage"]
 
 MARKER_VAR = "GYM_HARNESS_MARKER"
 _LOST_KILL_S = 1.0
@@ -39,6 +39,23 @@ def snapshot(child: Child | None) -> dict[int, psutil.Process]:
         return {proc.pid: proc for proc in keeper.children(recursive=True)}
     except psutil.Error:
         return {}
+
+
+def usage(child: Child | None) -> tuple[int, float, int]:
+    """``(rss_bytes, cpu_seconds, num_processes)`` summed over the tree's live processes."""
+    rss, cpu, count = 0, 0.0, 0
+    for proc in snapshot(child).values():
+        try:
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                rss += proc.memory_info().rss
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                count += 1
+        except psutil.Error:
+            continue
+    return rss, cpu, count
 
 
 def end(child: Child, grace_s: float) -> None:

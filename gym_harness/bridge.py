@@ -24,7 +24,6 @@ before ``start``), not over HTTP.
 from __future__ import annotations
 
 import asyncio
-import enum
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +35,7 @@ from gym_harness._connections import HEADER_TIMEOUT_S
 from gym_harness._loopback import IDLE_TIMEOUT_S, LoopbackServer, RotatingToken
 from gym_harness._tool_runner import ToolRunner
 from gym_harness.errors import BridgeError, ConfigError
+from gym_harness.lifecycle import Lifecycle
 from gym_harness.tools import (
     HIDDEN_TAGS,
     LOCKED_TAG,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.tools import Tool, ToolResult
 
-__all__ = ["BridgeState", "MCPBridge", "ToolCallResult"]
+__all__ = ["MCPBridge", "ToolCallResult"]
 
 _STOP_TIMEOUT_S = 1.0
 _CLOSE_TIMEOUT_S = 2.0
@@ -58,18 +58,6 @@ _RLOCK_TYPE = type(threading.RLock())
 MAX_SESSIONS = 64
 TOOL_WORKERS = 32
 MAX_BODY_BYTES = 4 * 1024 * 1024
-
-
-class BridgeState(enum.Enum):
-    """Where a bridge is in its life; ``start`` works from NEW, STOPPED and FAILED.
-
-    FAILED: the bridge thread or its loop died on its own (see ``MCPBridge.failure``).
-    """
-
-    NEW = "new"
-    RUNNING = "running"
-    STOPPED = "stopped"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -163,7 +151,7 @@ class MCPBridge(RotatingToken):
         self.max_body_bytes = max_body_bytes
         self._timeouts = (header_timeout_s, idle_timeout_s)
         super().__init__()
-        self._state = BridgeState.NEW
+        self._state = Lifecycle.NEW
         self._state_lock = threading.Lock()
         self._source: FastMCP | None = None
         self._served: FastMCP | None = None
@@ -181,17 +169,22 @@ class MCPBridge(RotatingToken):
         self.tools_listed = False
 
     @property
-    def state(self) -> BridgeState:
+    def state(self) -> Lifecycle:
         """The lifecycle state; FAILED as soon as the bridge thread or loop has died."""
         server = self._server
-        if self._state is BridgeState.RUNNING and (server is None or not server.alive):
-            return BridgeState.FAILED
+        if self._state is Lifecycle.RUNNING and (server is None or not server.alive):
+            return Lifecycle.FAILED
         return self._state
+
+    @property
+    def busy(self) -> bool:
+        """True while a harness tool call runs (the harness waits on the env): ``Liveness``."""
+        return self.in_flight > 0
 
     @property
     def failure(self) -> str:
         """Why the bridge died on its own ("" while it serves, and after :meth:`stop`)."""
-        if self.state is not BridgeState.FAILED:
+        if self.state is not Lifecycle.FAILED:
             return ""
         server = self._server
         why = server.failure if server is not None else ""
@@ -200,7 +193,7 @@ class MCPBridge(RotatingToken):
     @property
     def url(self) -> str:
         """The MCP endpoint, ``http://127.0.0.1:<port>/mcp`` ("" unless running)."""
-        return self._url if self.state is BridgeState.RUNNING else ""
+        return self._url if self.state is Lifecycle.RUNNING else ""
 
     def rotate_token(self) -> str:
         """Replace the bearer token and close every session and connection of the old one.
@@ -255,7 +248,7 @@ class MCPBridge(RotatingToken):
         limit = self.tool_timeout_s + 5.0
         server = self._server
         loop = server.loop if server is not None else None
-        if self.state is not BridgeState.RUNNING or loop is None:
+        if self.state is not Lifecycle.RUNNING or loop is None:
             return run_sync(lambda: self._call_for_orchestrator(name, args), limit)
         future = asyncio.run_coroutine_threadsafe(self._call_for_orchestrator(name, args), loop)
         try:
@@ -274,19 +267,19 @@ class MCPBridge(RotatingToken):
             ConfigError, ToolConflictError: The tools cannot be loaded or named.
         """
         with self._state_lock:
-            if self.state is BridgeState.RUNNING:
+            if self.state is Lifecycle.RUNNING:
                 return
             self._shut()
             self._prepare()
             self._start_server()
-            self._state = BridgeState.RUNNING
+            self._state = Lifecycle.RUNNING
 
     def stop(self) -> None:
         """Stop serving, bounded (milliseconds unless a call is stuck). Idempotent; never raises."""
         with self._state_lock:
-            if self._state is not BridgeState.RUNNING:
+            if self._state is not Lifecycle.RUNNING:
                 return
-            self._state = BridgeState.STOPPED
+            self._state = Lifecycle.STOPPED
             self._shut()
 
     def _shut(self) -> None:
@@ -302,7 +295,7 @@ class MCPBridge(RotatingToken):
         self.stop()
 
     def __del__(self) -> None:
-        if getattr(self, "_state", None) is BridgeState.RUNNING:
+        if getattr(self, "_state", None) is Lifecycle.RUNNING:
             self.stop()
 
     # -- preparing the served tools -------------------------------------------------

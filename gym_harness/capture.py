@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gym_harness._loopback import LoopbackServer, RotatingToken
-from gym_harness._proxy_http import add_logprobs, error_payload, read_body, send_json
+from gym_harness._proxy_http import (
+    Call,
+    add_logprobs,
+    error_payload,
+    read_body,
+    send_json,
+)
 from gym_harness._secrets import Redactor, carries, swap_credentials
 from gym_harness.capture_records import (
     ModelExchange,
@@ -41,6 +45,7 @@ from gym_harness.capture_records import (
     parse_sse,
 )
 from gym_harness.errors import CaptureError
+from gym_harness.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gym_harness._upstream import UpstreamPool, UpstreamResponse
@@ -48,7 +53,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ModelExchange",
     "ModelProxy",
-    "ProxyState",
     "SSEEvent",
     "TokenLogprob",
     "ToolCallRecord",
@@ -75,14 +79,6 @@ _UVICORN_OPTIONS = {
 _SKIP_RESPONSE = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"content-encoding", b"content-length"}
 )
-
-
-class ProxyState(enum.Enum):
-    """Lifecycle of a :class:`ModelProxy`."""
-
-    UNOPENED = "unopened"
-    RUNNING = "running"
-    CLOSED = "closed"
 
 
 class _StreamBroken(Exception):
@@ -156,7 +152,7 @@ class ModelProxy(RotatingToken):
         self._records: list[ModelExchange] = []
         self._pending: list[dict[str, Any]] = []
         self._seq = 0
-        self._state = ProxyState.UNOPENED
+        self._state = Lifecycle.NEW
         self._server: LoopbackServer | None = None
         self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
@@ -176,9 +172,15 @@ class ModelProxy(RotatingToken):
     # -- public surface ---------------------------------------------------------------
 
     @property
-    def state(self) -> ProxyState:
+    def state(self) -> Lifecycle:
         """Where the proxy is in its lifecycle."""
         return self._state
+
+    @property
+    def busy(self) -> bool:
+        """Always False (``Liveness``): a model call in flight does not hold the idle
+        deadline, so a stalled upstream ends the turn as ``idle_timeout``."""
+        return False
 
     @property
     def base_url(self) -> str:
@@ -187,7 +189,7 @@ class ModelProxy(RotatingToken):
         Raises:
             CaptureError: The proxy is not running.
         """
-        if self._state is not ProxyState.RUNNING or self._server is None:
+        if self._state is not Lifecycle.RUNNING or self._server is None:
             raise CaptureError(f"the model proxy is {self._state.value}; call start() first")
         return f"http://127.0.0.1:{self._server.port}"
 
@@ -220,7 +222,7 @@ class ModelProxy(RotatingToken):
             How many exchanges were in flight.
         """
         loop = self._server.loop if self._server is not None else None
-        if self._state is not ProxyState.RUNNING or loop is None or not self._inflight:
+        if self._state is not Lifecycle.RUNNING or loop is None or not self._inflight:
             return 0
         count = len(self._inflight)
 
@@ -244,9 +246,9 @@ class ModelProxy(RotatingToken):
         Raises:
             CaptureError: The proxy was closed, or could not bind or start in time.
         """
-        if self._state is ProxyState.RUNNING:
+        if self._state is Lifecycle.RUNNING:
             return
-        if self._state is ProxyState.CLOSED:
+        if self._state is Lifecycle.STOPPED:
             raise CaptureError("this model proxy was stopped; make a new ModelProxy")
         logging.getLogger("uvicorn.error").addFilter(_QUIET)
         server = LoopbackServer(
@@ -260,13 +262,13 @@ class ModelProxy(RotatingToken):
         )
         server.start()
         self._server = server
-        self._state = ProxyState.RUNNING
+        self._state = Lifecycle.RUNNING
 
     def stop(self) -> None:
         """Stop serving and close the upstream client. Idempotent, bounded, never raises."""
-        if self._state is ProxyState.CLOSED:
+        if self._state is Lifecycle.STOPPED:
             return
-        self._state = ProxyState.CLOSED
+        self._state = Lifecycle.STOPPED
         server, self._server = self._server, None
         if server is not None:
             server.stop()  # bounded, never raises
@@ -291,19 +293,21 @@ class ModelProxy(RotatingToken):
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
         token, redact, relay = self._redactors()
         outgoing, query, ok = swap_credentials(token, self._api_key, headers, query, method, path)
-        call = _Call(method, path, b"", False, send, started_at, t0, redact, relay)
+        call = Call(
+            method, path, b"", False, send, started_at, t0, redact, relay, self.max_record_bytes
+        )
         if not ok:  # refused before its body is read
-            self._record(call, 401, "unauthorized", "", None)
+            self._keep(call.record(401, "unauthorized", "", None))
             await send_json(send, 401, error_payload("missing or wrong gym_harness proxy token"))
             return
         call.content, size, problem = await read_body(receive, headers, self.max_request_bytes)
         if problem == "client_closed":
-            self._record(call, 499, problem, "the harness hung up mid-request", None, cut=True)
+            self._keep(call.record(499, problem, "the harness hung up mid-request", None, cut=True))
             return
         if problem:
             why = f"request body of {size} bytes or more is over the proxy's limit of "
             why += f"{self.max_request_bytes} bytes (ModelProxy max_request_bytes)"
-            self._record(call, 413, problem, why, None, request_bytes=size, cut=True)
+            self._keep(call.record(413, problem, why, None, request_bytes=size, cut=True))
             # Connection: close, so the rest of the body is never read.
             await send_json(send, 413, error_payload(why), close=True)
             return
@@ -327,7 +331,7 @@ class ModelProxy(RotatingToken):
             self._inflight.discard(task)
             self._cut.pop(task, None)
 
-    async def _forward(self, call: _Call, target: str, headers: list[tuple[str, str]]) -> None:
+    async def _forward(self, call: Call, target: str, headers: list[tuple[str, str]]) -> None:
         # Imported by the proxy thread, not by ``import gym_harness`` (h11 takes ~20 ms).
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout, UpstreamUnreachable
 
@@ -346,7 +350,7 @@ class ModelProxy(RotatingToken):
             cut = self._cut.get(asyncio.current_task())  # type: ignore[arg-type]
             outcome, status = ("stalled", 504) if cut is not None else ("cancelled", 502)
             why = f"no answer from the upstream when {cut}" if cut else "the proxy stopped"
-            self._record(call, status, outcome, why, None)
+            self._keep(call.record(status, outcome, why, None))
             if cut is None:
                 raise
             await send_json(call.send, status, error_payload(why))
@@ -354,10 +358,10 @@ class ModelProxy(RotatingToken):
         else:
             await self._relay(call, response)
             return
-        self._record(call, status, outcome, why, None)
+        self._keep(call.record(status, outcome, why, None))
         await send_json(call.send, status, error_payload(why))
 
-    async def _relay(self, call: _Call, response: UpstreamResponse) -> None:
+    async def _relay(self, call: Call, response: UpstreamResponse) -> None:
         from gym_harness._upstream import UpstreamDropped, UpstreamTimeout
 
         redact = call.relay
@@ -409,7 +413,7 @@ class ModelProxy(RotatingToken):
         finally:
             await response.aclose()
             answer = (response.header(b"content-type"), b"".join(chunks))
-            self._record(call, response.status, outcome, why, answer, ttfb, answer_bytes=size)
+            self._keep(call.record(response.status, outcome, why, answer, ttfb, answer_bytes=size))
         if outcome in ("stalled", "dropped"):
             raise _StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -432,45 +436,8 @@ class ModelProxy(RotatingToken):
             )
         return cached
 
-    def _record(
-        self,
-        call: _Call,
-        status: int,
-        outcome: str,
-        error: str,
-        answer: tuple[str, bytes] | None,
-        ttfb: float | None = None,
-        *,
-        request_bytes: int | None = None,
-        answer_bytes: int | None = None,
-        cut: bool = False,
-    ) -> None:
-        total = time.perf_counter() - call.t0
-        # Only the raw facts here (capped and redacted): parsing waits for records()/drain()
-        # in the caller's thread, so it costs the harness's call nothing.
-        cap, content = self.max_record_bytes, call.content
-        request = call.redact.scrub(content[:cap] if len(content) > cap else content)
-        answer_size = 0 if answer is None else len(answer[1])
-        raw: dict[str, Any] = {
-            "method": call.method,
-            "path": call.path,
-            "request": request,
-            "logprobs_added": call.added,
-            "status": status,
-            "outcome": outcome,
-            "error": call.redact.scrub(error.encode()).decode() if error else "",
-            "answer": answer,
-            "started_at": call.started_at,
-            "ttfb_s": ttfb,
-            "total_s": total,
-            "request_bytes": len(content) if request_bytes is None else request_bytes,
-            "answer_bytes": answer_size if answer_bytes is None else answer_bytes,
-        }
-        raw["truncated"] = (
-            cut
-            or raw["request_bytes"] > min(len(content), cap)
-            or raw["answer_bytes"] > answer_size
-        )
+    def _keep(self, raw: dict[str, Any]) -> None:
+        """Keep one exchange's raw facts (``Call.record``); records()/drain() parse them."""
         with self._lock:
             self._seq += 1
             self._pending.append({**raw, "seq": self._seq})
@@ -499,19 +466,3 @@ class ModelProxy(RotatingToken):
 
 
 _QUIET = _QuietBrokenStreams()
-
-
-@dataclass(slots=True)
-class _Call:
-    """One harness call in flight through the proxy (the proxy thread's own state)."""
-
-    method: str
-    path: str
-    content: bytes  # the body as sent upstream
-    added: bool  # the proxy added a logprobs request to it
-    send: Any  # the ASGI send of the harness's connection
-    started_at: float  # wall clock when the whole request had arrived
-    t0: float  # perf_counter at the same moment
-    redact: Redactor  # the real key and the proxy token this call was let in with
-    relay: Redactor  # what to take out of the answer: the key, and the token if it went up
-    disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up

@@ -2,7 +2,8 @@
 
 A frozen dataclass, validated at construction, that pickles and round-trips
 JSON (``to_dict`` / ``from_dict``) so it can travel to vector-env workers and
-into episode records.
+into episode records. Its parts go each to the one reader that needs them:
+``process_spec()`` to ``HarnessProcess``, ``turn_limits()`` to the turn runner.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from gym_harness.errors import ConfigError
 
-__all__ = ["DEFAULT_INHERIT_ENV", "HarnessConfig"]
+__all__ = ["DEFAULT_INHERIT_ENV", "INTERRUPT_GRACE_S", "HarnessConfig", "ProcessSpec", "TurnLimits"]
 
 #: Variables allowed through from our environment unless the config says otherwise.
 DEFAULT_INHERIT_ENV: tuple[str, ...] = (
@@ -29,6 +30,66 @@ DEFAULT_INHERIT_ENV: tuple[str, ...] = (
     "TZ",
     "PYTHONPATH",
 )
+#: How long an interrupted turn may take to wind down, at most (and at most ``stop_grace_s``).
+INTERRUPT_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What ``HarnessProcess`` needs to start, read and stop one harness; nothing about turns.
+
+    Made from a config by :meth:`HarnessConfig.process_spec`; the fields mean what
+    the config's fields of the same name mean, and the defaults are the same.
+
+    Args:
+        command: The argv to start.
+        cwd: The working directory; ``None`` means our own.
+        env: Extra environment variables (after ``inherit_env``).
+        inherit_env: Names let through from our own environment; nothing else is.
+        stop_grace_s: Time between SIGTERM and SIGKILL when stopping.
+        stderr_tail_lines: How many stderr lines are kept for error reports.
+        max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
+        cgroup: Also contain the tree in a cgroup v2 of its own, where one can be made.
+
+    Example:
+        >>> spec = HarnessConfig(command=["cat"], stop_grace_s=0.5).process_spec()
+        >>> spec.command, spec.stop_grace_s
+        (('cat',), 0.5)
+    """
+
+    command: Sequence[str] = ()
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    inherit_env: Sequence[str] = DEFAULT_INHERIT_ENV
+    stop_grace_s: float = 2.0
+    stderr_tail_lines: int = 50
+    max_line_bytes: int = 8 * 1024 * 1024
+    cgroup: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
+        object.__setattr__(self, "env", dict(self.env))
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    """The deadlines the turn runner keeps; made by :meth:`HarnessConfig.turn_limits`.
+
+    Args:
+        startup_timeout_s: How long the harness may take to become ready.
+        turn_timeout_s: Wall-clock budget of one turn.
+        idle_timeout_s: How long a turn may go without any sign of life.
+        episode_timeout_s: Wall-clock budget of a whole episode; ``None`` for none
+            (the env keeps the episode's deadline; the runner names it in messages).
+        interrupt_grace_s: How long an interrupted turn may wind down before it ends.
+    """
+
+    startup_timeout_s: float = 60.0
+    turn_timeout_s: float = 900.0
+    idle_timeout_s: float = 300.0
+    episode_timeout_s: float | None = None
+    interrupt_grace_s: float = INTERRUPT_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -122,6 +183,29 @@ class HarnessConfig:
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
                 )
+
+    def process_spec(self) -> ProcessSpec:
+        """Return the fields ``HarnessProcess`` reads (argv, environment, grace, caps)."""
+        return ProcessSpec(
+            command=self.command,
+            cwd=self.cwd,
+            env=self.env,
+            inherit_env=self.inherit_env,
+            stop_grace_s=self.stop_grace_s,
+            stderr_tail_lines=self.stderr_tail_lines,
+            max_line_bytes=self.max_line_bytes,
+            cgroup=self.cgroup,
+        )
+
+    def turn_limits(self) -> TurnLimits:
+        """Return the deadlines the turn runner keeps."""
+        return TurnLimits(
+            startup_timeout_s=self.startup_timeout_s,
+            turn_timeout_s=self.turn_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            episode_timeout_s=self.episode_timeout_s,
+            interrupt_grace_s=min(INTERRUPT_GRACE_S, self.stop_grace_s),
+        )
 
     def replace(self, **changes: Any) -> HarnessConfig:
         """Return a copy with ``changes`` applied (validated like the original).

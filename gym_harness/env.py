@@ -19,7 +19,6 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import shutil
 import tempfile
@@ -40,6 +39,7 @@ from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import Harness, make_harness
 from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
@@ -55,15 +55,6 @@ __all__ = ["HarnessEnv"]
 
 #: Longest text an action or observation may hold (the spaces' bound).
 MAX_TEXT = 1 << 24
-
-
-class EpisodeState(enum.Enum):
-    """Where the env is in its life."""
-
-    NEW = "new"  # constructed, never reset
-    RUNNING = "running"  # an episode is under way
-    ENDED = "ended"  # terminated or truncated; reset() needed
-    CLOSED = "closed"
 
 
 class HarnessEnv(gymnasium.Env[str, str]):
@@ -167,7 +158,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._tool_timeout_s = tool_timeout_s
         self.observation_space = UnicodeText(MAX_TEXT)
         self.action_space = UnicodeText(MAX_TEXT)
-        self._state = EpisodeState.NEW
+        self._state = Lifecycle.NEW
         self._bridge: MCPBridge | None = None
         self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
         self._keeper_held = False
@@ -195,12 +186,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
         Returns:
             The task prompt ("" without tasks) and the info dict.
         """
-        if self._state is EpisodeState.CLOSED:
+        if self._state is Lifecycle.STOPPED:
             raise ConfigError("reset() on a closed env; make a new one.")
         super().reset(seed=seed)
         started = time.monotonic()
         self._end_episode()
-        self._state = EpisodeState.ENDED  # until the new harness runs (a reset may raise)
+        self._state = Lifecycle.ENDED  # until the new harness runs (a reset may raise)
         self._ended_why = "the last reset() raised before the harness started"
         task = self._pick_task(options or {})
         episode_id = uuid.uuid4().hex[:12]
@@ -212,7 +203,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             task=None if task is None else task.to_dict(),
         )
         self._episode_started = started
-        self._state = EpisodeState.RUNNING
+        self._state = Lifecycle.RUNNING
         self._ended_why = ""
         try:
             self._startup_error = self._start_harness(ctx)
@@ -234,7 +225,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             CallbackError: The ``on_event`` callback raised during this turn; the turn
                 ran to its end and is in ``trajectory``, and the episode can go on.
         """
-        if self._state is not EpisodeState.RUNNING:
+        if self._state is not Lifecycle.RUNNING:
             why = f" ({self._ended_why})" if self._ended_why else ""
             raise ResetNeeded(
                 "step() needs a running episode: call reset() first "
@@ -260,7 +251,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._abandon(f"step() for turn {turn} raised {type(exc).__name__} mid-turn")
             raise
         if record.terminated or record.truncated:
-            self._state = EpisodeState.ENDED
+            self._state = Lifecycle.ENDED
             self._ended_why = f"turn {turn} ended the episode: {record.error_type or 'done'}"
             self._stop_process()
         info = self._info(turn, record.error_type, record.error, record.events, record.elapsed_s)
@@ -273,9 +264,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def close(self) -> None:
         """Stop the harness tree and the bridge; remove workspaces. Idempotent, never raises."""
-        if self._state is EpisodeState.CLOSED:
+        if self._state is Lifecycle.STOPPED:
             return
-        self._state = EpisodeState.CLOSED
+        self._state = Lifecycle.STOPPED
         try:
             self._end_episode()
         finally:
@@ -414,9 +405,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if not self._keeper_held:  # one keeper for all episodes, not one per reset
             hold_keeper()
             self._keeper_held = True
-        self._proc = HarnessProcess(config)
+        self._proc = HarnessProcess(config.process_spec())
+        signs_of_life = tuple(s for s in (self._bridge, self._proxy) if s is not None)
         self._runner = TurnRunner(
-            self.harness, self._proc, config, self._bridge, self._emit, self._proxy, ctx.tool_names
+            self.harness,
+            self._proc,
+            config.turn_limits(),
+            self._bridge,
+            self._emit,
+            signs_of_life,
+            ctx.tool_names,
         )
         try:
             self._proc.start()
@@ -502,7 +500,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _abandon(self, why: str) -> None:
         """End the episode after an exception left a step or reset mid-way."""
-        self._state = EpisodeState.ENDED
+        self._state = Lifecycle.ENDED
         self._ended_why = f"{why}; the harness was stopped so no later step reads its reply"
         self._stop_process()
 

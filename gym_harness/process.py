@@ -21,29 +21,27 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import math
 import os
 import select
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, NoReturn
+from typing import IO
 
 import psutil
 
 from gym_harness import _keeper_client, _tree
 from gym_harness._lines import READ_CHUNK, LineSplitter, read_batches
-from gym_harness.config import HarnessConfig
+from gym_harness.config import ProcessSpec
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
+from gym_harness.lifecycle import Lifecycle
 
 __all__ = [
     "MARKER_VAR",
@@ -61,7 +59,6 @@ SESSION_VAR = _keeper_client.SESSION_VAR
 
 _STDERR_LINE_CAP = 64 * 1024
 _MIN_QUEUE_BYTES = 1 << 20
-_EXIT_CHECK_S = 0.1
 _JOIN_S = 0.5
 
 
@@ -80,14 +77,8 @@ class ProcessUsage:
     num_processes: int
 
 
-class _State(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    STOPPED = "stopped"
-
-
 class HarnessProcess:
-    """One harness subprocess: spawn, line I/O, readiness, and the end of its tree.
+    """One harness subprocess: spawn, line I/O, and the end of its tree.
 
     Threads: the caller's thread owns the lifecycle (``start``/``stop``, also
     from another thread: ``stop`` is serialised by a lock), stdin
@@ -99,70 +90,58 @@ class HarnessProcess:
     its exit code and notices if the keeper dies (``keeper_lost``).
 
     Args:
-        config: How to start, feed and stop the harness.
+        spec: How to start, feed and stop the harness (``HarnessConfig.process_spec()``).
 
     Raises:
-        ConfigError: ``config.command`` is empty.
+        ConfigError: ``spec.command`` is empty.
 
     Example:
-        >>> with HarnessProcess(HarnessConfig(command=["cat"])) as proc:
+        >>> with HarnessProcess(ProcessSpec(command=["cat"])) as proc:
         ...     proc.start()
-        ...     proc.write_line("hi")
+        ...     proc.write_line("hi", timeout_s=5)
         ...     proc.read_line(timeout_s=5)
         'hi'
     """
 
-    def __init__(self, config: HarnessConfig) -> None:
-        if not config.command:
+    def __init__(self, spec: ProcessSpec) -> None:
+        if not spec.command:
             raise ConfigError("HarnessConfig.command is empty; give the argv to start.")
-        self.config = config
+        self.spec = spec
         self._marker = uuid.uuid4().hex
-        self._state = _State.NEW
+        self._state = Lifecycle.NEW
         self._lock = threading.Lock()
         self._stdin_lock = threading.Lock()
         self._popen: _keeper_client.Child | None = None
         self._keeper: _keeper_client.KeeperClient | None = None
         self._own_exit: int | None = None
-        self._splitter = LineSplitter(config.max_line_bytes)
+        self._splitter = LineSplitter(spec.max_line_bytes)
         self._lines: deque[tuple[str, int]] = deque()  # read from stdout, not yet returned
         self._stdout_fd: int | None = None  # None once stdout hit EOF or was closed
         self._stdout_lock = threading.Lock()  # the reader of the moment holds it
         self._poller = select.poll()
-        self._stderr: deque[str] = deque(maxlen=config.stderr_tail_lines)
+        self._stderr: deque[str] = deque(maxlen=spec.stderr_tail_lines)
         self._stderr_lock = threading.Lock()
         self._readers: list[threading.Thread] = []
         self._last_activity = time.monotonic()
 
-    def start(self, ready: Callable[[str], bool] | None = None) -> None:
-        """Spawn the harness; return once a stdout line satisfies ``ready``.
+    def start(self) -> None:
+        """Spawn the harness and return; its output waits for ``read_line``.
 
-        The line that satisfies ``ready`` and every line before it are consumed
-        (dropped); later lines stay for ``read_line``.
-
-        Args:
-            ready: Predicate on each stdout line; ``None`` returns right after spawning.
+        Readiness is the turn runner's business (``TurnRunner.startup``; for a bare
+        process, ``gym_harness.readiness.start_ready``).
 
         Raises:
-            HarnessStartError: The command could not be started, or it exited,
-                closed its stdout or stayed silent past ``startup_timeout_s``
-                before becoming ready; nothing of it is left running. Also when
-                ``start`` is called twice.
+            HarnessStartError: The command could not be started (nothing of it is
+                left running), or ``start`` was called twice.
         """
         with self._lock:
-            if self._state is not _State.NEW:
+            if self._state is not Lifecycle.NEW:
                 raise HarnessStartError(
                     f"HarnessProcess.start() called on a {self._state.value} process; "
                     "create a new HarnessProcess for each run."
                 )
             # Under the lock, so a stop() from another thread cannot slip in before the spawn.
             self._spawn()
-        if ready is None:
-            return
-        try:
-            self._await_ready(ready)
-        except BaseException:
-            self.stop()
-            raise
 
     def write_line(
         self, text: str, timeout_s: float | None = None, *, deadline: float | None = None
@@ -174,22 +153,27 @@ class HarnessProcess:
 
         Args:
             text: One line; it should not contain a newline.
-            timeout_s: How long to wait while the pipe is full; ``None`` means
-                ``config.turn_timeout_s``.
+            timeout_s: How long to wait while the pipe is full.
             deadline: A ``time.monotonic()`` value by which the whole line must be
-                written (the turn's deadline); overrides ``timeout_s``.
+                written (the turn's deadline); overrides ``timeout_s``. The caller
+                gives one of the two: a process knows no turn.
 
         Raises:
+            TypeError: Neither ``timeout_s`` nor ``deadline`` was given.
             HarnessCrashed: The harness is gone or closed its stdin (or was never started).
             TurnTimeout: The harness did not read its stdin in time.
         """
         data = memoryview((text + "\n").encode("utf-8", "replace"))
         if deadline is None:
-            limit = self.config.turn_timeout_s if timeout_s is None else timeout_s
-            deadline = time.monotonic() + limit
+            if timeout_s is None:
+                raise TypeError(
+                    "HarnessProcess.write_line() needs timeout_s or deadline: "
+                    "how long it may wait while the harness does not read its stdin."
+                )
+            deadline = time.monotonic() + timeout_s
         with self._stdin_lock:
             popen = self._popen
-            if self._state is not _State.RUNNING or popen is None or popen.stdin is None:
+            if self._state is not Lifecycle.RUNNING or popen is None or popen.stdin is None:
                 raise self._crashed(f"cannot write to a {self._state.value} harness")
             fd = popen.stdin.fileno()
             while data:
@@ -207,20 +191,24 @@ class HarnessProcess:
                 except (OSError, ValueError) as exc:
                     raise self._crashed(f"its stdin is closed ({exc})") from exc
 
-    def read_line(self, timeout_s: float) -> str | None:
+    def read_line(self, timeout_s: float, wake_fd: int | None = None) -> str | None:
         """Return the next stdout line without its line ending, or ``None``.
 
         ``None`` means no line came within ``timeout_s``, or ``eof`` (then at
-        once). After ``stop()`` unread lines are dropped and ``eof`` is true.
+        once), or ``wake_fd`` became readable. After ``stop()`` unread lines are
+        dropped and ``eof`` is true.
 
         Args:
             timeout_s: Longest wait for a line, in seconds.
+            wake_fd: A file descriptor waited on with stdout (a model-call endpoint's
+                wake-up pipe, say): once it is readable, or at its EOF, this returns
+                ``None`` at once without reading it. Lines already read come first.
         """
         if not self._lines:
             deadline = time.monotonic() + timeout_s
             while not self._lines and self._stdout_fd is not None:
-                if not self._pull(deadline - time.monotonic()):
-                    break  # timed out
+                if not self._pull(deadline - time.monotonic(), wake_fd):
+                    break  # timed out, or woken
         return self._lines.popleft()[0] if self._lines else None
 
     @property
@@ -232,6 +220,11 @@ class HarnessProcess:
     def last_activity(self) -> float:
         """``time.monotonic()`` of the last output on stdout or stderr (else of the spawn)."""
         return self._last_activity
+
+    @property
+    def busy(self) -> bool:
+        """Always False (``Liveness``): only the env's side can keep a harness waiting."""
+        return False
 
     @property
     def pid(self) -> int | None:
@@ -259,7 +252,7 @@ class HarnessProcess:
         """The harness's own exit status: its return code if it exited before ``stop``
         (by itself, or killed by someone else); ``None`` while it runs, and when
         ``stop`` ended it (a signal we sent is not the harness's exit code)."""
-        if self._own_exit is not None or self._state is _State.STOPPED:
+        if self._own_exit is not None or self._state is Lifecycle.STOPPED:
             return self._own_exit
         return self.returncode
 
@@ -278,20 +271,9 @@ class HarnessProcess:
 
     def usage(self) -> ProcessUsage:
         """Return the summed memory and CPU of every live process of the tree."""
-        rss, cpu, count = 0, 0.0, 0
-        if self._state is not _State.RUNNING:
+        if self._state is not Lifecycle.RUNNING:
             return ProcessUsage(rss_bytes=0, cpu_seconds=0.0, num_processes=0)
-        for proc in self._tree().values():
-            try:
-                with proc.oneshot():
-                    if proc.status() == psutil.STATUS_ZOMBIE:
-                        continue
-                    rss += proc.memory_info().rss
-                    times = proc.cpu_times()
-                    cpu += times.user + times.system
-                    count += 1
-            except psutil.Error:
-                continue
+        rss, cpu, count = _tree.usage(self._popen)
         return ProcessUsage(rss_bytes=rss, cpu_seconds=cpu, num_processes=count)
 
     def stop(self) -> None:
@@ -303,15 +285,15 @@ class HarnessProcess:
         ``stop_grace_s`` + 1 s (a tree that keeps forking: a little longer).
         """
         with self._lock:
-            if self._state is _State.STOPPED:
+            if self._state is Lifecycle.STOPPED:
                 return
-            self._state = _State.STOPPED
+            self._state = Lifecycle.STOPPED
             popen = self._popen
             if popen is not None:
                 self._own_exit = popen.poll()  # before our signals: what it did by itself
                 # stop() never raises; whatever survives an error dies with the keeper.
                 with contextlib.suppress(psutil.Error, OSError):
-                    self._end_tree(popen)
+                    _tree.end(popen, self.spec.stop_grace_s)
                 deadline = time.monotonic() + _JOIN_S
                 for thread in self._readers:
                     thread.join(max(0.0, deadline - time.monotonic()))
@@ -349,18 +331,18 @@ class HarnessProcess:
     # -- start -------------------------------------------------------------
 
     def _spawn(self) -> None:
-        env = {name: os.environ[name] for name in self.config.inherit_env if name in os.environ}
-        env.update(self.config.env)
+        env = {name: os.environ[name] for name in self.spec.inherit_env if name in os.environ}
+        env.update(self.spec.env)
         if SESSION_VAR in os.environ:
             env[SESSION_VAR] = os.environ[SESSION_VAR]
         env[MARKER_VAR] = self._marker
-        self._state = _State.STOPPED  # until the spawn succeeds
+        self._state = Lifecycle.STOPPED  # until the spawn succeeds
         argv = self._resolve(env)
         keeper = None
         try:
             keeper = _keeper_client.acquire()
-            cwd = os.path.abspath(self.config.cwd or os.getcwd())
-            popen = keeper.spawn(argv, env, cwd, self.config.cgroup, self._marker)
+            cwd = os.path.abspath(self.spec.cwd or os.getcwd())
+            popen = keeper.spawn(argv, env, cwd, self.spec.cgroup, self._marker)
         except OSError as exc:
             if keeper is not None:
                 _keeper_client.release(keeper)
@@ -370,7 +352,7 @@ class HarnessProcess:
             ) from exc
         self._keeper = keeper
         self._popen = popen
-        self._state = _State.RUNNING
+        self._state = Lifecycle.RUNNING
         _live.add(self)
         os.set_blocking(popen.stdin.fileno(), False)
         assert popen.stdout is not None
@@ -378,12 +360,16 @@ class HarnessProcess:
         os.set_blocking(self._stdout_fd, False)
         self._poller.register(self._stdout_fd, select.POLLIN)
         self._last_activity = time.monotonic()
-        self._readers = [_reader(self._pump_stderr, popen.stderr, "stderr")]
+        reader = threading.Thread(
+            target=self._pump_stderr, args=(popen.stderr,), name="gym-harness-stderr", daemon=True
+        )
+        reader.start()
+        self._readers = [reader]
 
     def _resolve(self, env: dict[str, str]) -> list[str]:
-        exe, *args = self.config.command
+        exe, *args = self.spec.command
         if os.sep in exe:
-            full = os.path.join(self.config.cwd or os.getcwd(), exe)
+            full = os.path.join(self.spec.cwd or os.getcwd(), exe)
             found = full if os.access(full, os.X_OK) else None
         else:
             found = shutil.which(exe, path=env.get("PATH", os.defpath))
@@ -395,70 +381,46 @@ class HarnessProcess:
             )
         return [os.path.abspath(found), *args]
 
-    def _await_ready(self, ready: Callable[[str], bool]) -> None:
-        assert self._popen is not None
-        timeout = self.config.startup_timeout_s
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            # Sliced so an exit is noticed even while a descendant holds stdout open.
-            line = self.read_line(min(remaining, _EXIT_CHECK_S))
-            if line is not None:
-                if ready(line):
-                    return
-            elif self.eof or self._popen.poll() is not None:
-                self._fail_start()
-        self._fail_start(f"did not become ready within {timeout} s (startup_timeout_s)")
-
-    def _fail_start(self, what: str | None = None) -> NoReturn:
-        assert self._popen is not None
-        pid = self._popen.pid
-        try:
-            code = self._popen.wait(timeout=_EXIT_CHECK_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        if what is None:
-            what = (
-                f"exited with code {code} during startup"
-                if code is not None
-                else "closed its stdout during startup"
-            )
-        self.stop()
-        tail = self.stderr_tail()
-        raise HarnessStartError(
-            f"Harness `{self._describe()}` (pid {pid}) {what}, before printing a ready line; "
-            "it was stopped. See its stderr tail; run the command by hand in its cwd "
-            "to reproduce, or raise startup_timeout_s if it is just slow.",
-            exit_code=code,
-            stderr_tail=tail,
-            pid=pid,
-        )
-
     # -- readers -----------------------------------------------------------
 
-    def _pull(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for stdout, then read one chunk of it into lines.
+    def _pull(self, timeout_s: float, wake_fd: int | None = None) -> bool:
+        """Wait up to ``timeout_s`` for stdout (or ``wake_fd``), then read one chunk of
+        stdout into lines.
 
-        Returns False on a timeout. Reaching EOF (or a closed pipe) closes stdout.
+        Returns False on a timeout, or when ``wake_fd`` is readable (stdout's ready
+        output is read first). Reaching EOF (or a closed pipe) closes stdout.
         """
         with self._stdout_lock:
             fd = self._stdout_fd
             if fd is None:
                 return True
-            if not self._poller.poll(max(0, math.ceil(timeout_s * 1000))):
+            wait_ms = max(0, math.ceil(timeout_s * 1000))
+            if wake_fd is None:  # the hot path: stdout alone, registered once
+                events = self._poller.poll(wait_ms)
+            else:
+                self._poller.register(wake_fd, select.POLLIN)
+                try:
+                    events = self._poller.poll(wait_ms)
+                finally:
+                    self._poller.unregister(wake_fd)
+            if not events:
+                return False
+            woken = wake_fd is not None and any(ready == wake_fd for ready, _ in events)
+            if woken and not any(ready == fd for ready, _ in events):
                 return False
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
-                return True  # a spurious wake-up
+                return not woken  # a spurious wake-up
             except OSError:
                 data = b""
             if not data:
                 self._lines.extend(self._splitter.finish())
                 self._close_stdout()
-                return True
+                return not woken
             self._last_activity = time.monotonic()
             self._lines.extend(self._splitter.feed(data))
-            return True
+            return not woken
 
     def _wait_writable(self, fd: int, timeout_s: float) -> None:
         """Wait for room in stdin, reading stdout meanwhile: a harness blocked writing
@@ -466,7 +428,7 @@ class HarnessProcess:
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
         out = self._stdout_fd
-        budget = max(4 * self.config.max_line_bytes, _MIN_QUEUE_BYTES)
+        budget = max(4 * self.spec.max_line_bytes, _MIN_QUEUE_BYTES)
         if out is not None and sum(size for _, size in self._lines) < budget:
             poller.register(out, select.POLLIN)
         for ready_fd, _ in poller.poll(math.ceil(timeout_s * 1000)):
@@ -484,18 +446,12 @@ class HarnessProcess:
                 popen.stdout.close()
 
     def _pump_stderr(self, stream: IO[bytes]) -> None:
-        for batch in read_batches(stream, min(self.config.max_line_bytes, _STDERR_LINE_CAP)):
+        for batch in read_batches(stream, min(self.spec.max_line_bytes, _STDERR_LINE_CAP)):
             self._last_activity = time.monotonic()
             with self._stderr_lock:
                 self._stderr.extend(text for text, _ in batch)
 
     # -- stop --------------------------------------------------------------
-
-    def _tree(self) -> dict[int, psutil.Process]:
-        return _tree.snapshot(self._popen)
-
-    def _end_tree(self, popen: _keeper_client.Child) -> None:
-        _tree.end(popen, self.config.stop_grace_s)
 
     def _crashed(self, what: str) -> HarnessCrashed:
         return HarnessCrashed(
@@ -507,19 +463,8 @@ class HarnessProcess:
         )
 
     def _describe(self) -> str:
-        text = shlex.join(self.config.command)
+        text = shlex.join(self.spec.command)
         return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _reader(
-    target: Callable[[IO[bytes]], None], stream: IO[bytes] | None, name: str
-) -> threading.Thread:
-    assert stream is not None
-    thread = threading.Thread(
-        target=target, args=(stream,), name=f"gym-harness-{name}", daemon=True
-    )
-    thread.start()
-    return thread
 
 
 def hold_keeper() -> None:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import Feed, Harness
@@ -48,15 +48,13 @@ from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge
-    from gym_harness.capture import ModelProxy
+    from gym_harness.lifecycle import Liveness
     from gym_harness.process import HarnessProcess
 
 __all__ = ["TurnEnded", "TurnRunner", "end_flags"]
 
 _log = logging.getLogger("gym_harness")
 
-#: How long an interrupted turn may take to wind down before the tree is stopped.
-INTERRUPT_GRACE_S = 1.0
 #: How long to wait for an exit code once the harness closed its output.
 EXIT_WAIT_S = 1.0
 #: How often a turn checks that the process we started still runs (even while
@@ -65,6 +63,8 @@ LIVENESS_S = 0.25
 #: After the harness exited, how long its last output is still read (bounded:
 #: a descendant may keep writing).
 EXIT_DRAIN_S = 0.25
+#: Joins a message and the harness's stderr tail.
+STDERR_SUFFIX = "; stderr tail:\n"
 
 
 def end_flags(result: TurnResult) -> tuple[bool, bool]:
@@ -98,11 +98,12 @@ class TurnRunner:
 
     Args:
         harness: The adapter (already ``launch``-ed for this episode).
-        proc: The started harness process.
-        config: The config the process was spawned with (timeouts).
-        bridge: The env's MCP bridge; its tool calls count as signs of life.
+        proc: The started harness process; its output counts as a sign of life.
+        limits: The deadlines (``HarnessConfig.turn_limits()``).
+        bridge: The env's MCP bridge (its failure ends the turn; the tool check).
         emit: Called with every event as soon as it is parsed; must not raise.
-        proxy: The env's model proxy, if it captures; model traffic counts as life.
+        liveness: Other sources of signs of life besides ``proc``: the bridge (tool
+            calls), the model proxy (model traffic).
         tool_names: The env tools served this episode (for the bridge tool check).
     """
 
@@ -110,17 +111,17 @@ class TurnRunner:
         self,
         harness: Harness,
         proc: HarnessProcess,
-        config: HarnessConfig,
+        limits: TurnLimits,
         bridge: MCPBridge | None,
         emit: Callable[[HarnessEvent], None],
-        proxy: ModelProxy | None = None,
+        liveness: Sequence[Liveness] = (),
         tool_names: tuple[str, ...] = (),
     ) -> None:
         self.harness = harness
-        self.proxy = proxy
         self._unconfirmed = tool_names if harness.confirm_tools_via_bridge else ()
         self.proc = proc
-        self.config = config
+        self.limits = limits
+        self.sources: tuple[Liveness, ...] = (proc, *liveness)
         self.bridge = bridge
         self.emit = emit
         # The hot path's boundaries, built once (a step passes them for every line).
@@ -144,7 +145,7 @@ class TurnRunner:
         Returns:
             ``(Outcome.OK, "")`` when ready, else ``(Outcome.STARTUP_FAILED, why)``.
         """
-        deadline = time.monotonic() + self.config.startup_timeout_s
+        deadline = time.monotonic() + self.limits.startup_timeout_s
         try:
             with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's startup_lines()"):
                 lines = self.harness.startup_lines()
@@ -157,7 +158,7 @@ class TurnRunner:
                 if remaining <= 0:
                     return Outcome.STARTUP_FAILED, (
                         f"the harness was not ready within startup_timeout_s="
-                        f"{self.config.startup_timeout_s}s; raise it or check the harness's "
+                        f"{self.limits.startup_timeout_s}s; raise it or check the harness's "
                         "stderr" + self._stderr_suffix()
                     )
                 line = watch.read(remaining, "during startup")
@@ -181,7 +182,7 @@ class TurnRunner:
         """
         events: list[HarnessEvent] = []
         start = time.monotonic()
-        turn_deadline = start + self.config.turn_timeout_s
+        turn_deadline = start + self.limits.turn_timeout_s
         # Writes wait at most until the turn (or the episode) runs out.
         write_by = (
             turn_deadline if episode_deadline is None else min(turn_deadline, episode_deadline)
@@ -255,7 +256,7 @@ class TurnRunner:
             return TurnEnded(
                 Outcome.TURN_TIMEOUT,
                 f"the harness did not read its stdin before the turn's deadline "
-                f"(turn_timeout_s={self.config.turn_timeout_s}): {exc.message}",
+                f"(turn_timeout_s={self.limits.turn_timeout_s}): {exc.message}",
             )
         if isinstance(exc, ProtocolError):
             return TurnEnded(Outcome.PROTOCOL_ERROR, exc.message)
@@ -326,26 +327,23 @@ class TurnRunner:
         return nearest
 
     def _idle_deadline(self, turn_start: float) -> float:
-        last = max(turn_start, self.proc.last_activity)
+        last = turn_start
         with self._sensing:
-            bridge = self.bridge
-            if bridge is not None:
-                if bridge.in_flight > 0:  # a tool call is running: the harness is waiting on us
-                    return time.monotonic() + self.config.idle_timeout_s
-                last = max(last, bridge.last_activity)
-            if self.proxy is not None:
-                last = max(last, self.proxy.last_activity)
-        return last + self.config.idle_timeout_s
+            for source in self.sources:
+                if source.busy:  # a tool call is running: the harness is waiting on us
+                    return time.monotonic() + self.limits.idle_timeout_s
+                last = max(last, source.last_activity)
+        return last + self.limits.idle_timeout_s
 
     def _timed_out(self, kind: Outcome, events: list[HarnessEvent]) -> TurnResult:
         limit = {
-            Outcome.TURN_TIMEOUT: f"turn_timeout_s={self.config.turn_timeout_s}",
-            Outcome.IDLE_TIMEOUT: f"idle_timeout_s={self.config.idle_timeout_s} without output",
-            Outcome.EPISODE_TIMEOUT: f"episode_timeout_s={self.config.episode_timeout_s}",
+            Outcome.TURN_TIMEOUT: f"turn_timeout_s={self.limits.turn_timeout_s}",
+            Outcome.IDLE_TIMEOUT: f"idle_timeout_s={self.limits.idle_timeout_s} without output",
+            Outcome.EPISODE_TIMEOUT: f"episode_timeout_s={self.limits.episode_timeout_s}",
         }[kind]
         # The turn is over whatever happens now: a fault while interrupting (stdin
         # full, a crash, a bad line) only ends the wind-down early.
-        grace = time.monotonic() + min(INTERRUPT_GRACE_S, self.config.stop_grace_s)
+        grace = time.monotonic() + self.limits.interrupt_grace_s
         with contextlib.suppress(TurnEnded):
             with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's interrupt_lines()"):
                 interrupt = self.harness.interrupt_lines()
@@ -385,7 +383,7 @@ class TurnRunner:
 
     def _stderr_suffix(self) -> str:
         tail = self.proc.stderr_tail()
-        return f"; stderr tail:\n{tail}" if tail else ""
+        return f"{STDERR_SUFFIX}{tail}" if tail else ""
 
 
 class _Faults:

@@ -24,8 +24,9 @@ from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from support.gate import Gate
 
-from gym_harness.bridge import BridgeState, MCPBridge
+from gym_harness.bridge import MCPBridge
 from gym_harness.errors import ConfigError, ToolConflictError
+from gym_harness.lifecycle import Lifecycle
 from gym_harness.tools import INTERNAL_TAG, LOCKED_TAG, REWARD_TAG
 
 _INIT = {
@@ -336,7 +337,7 @@ def test_orchestrator_calls_without_start_and_unknown_names() -> None:
     assert (result.text, result.is_error, result.structured) == ("7", False, {"result": 7})
     with pytest.raises(ConfigError, match="peek_answer"):
         bridge.call_tool("peek_answer")
-    assert bridge.state is BridgeState.NEW
+    assert bridge.state is Lifecycle.NEW
 
 
 def test_reentrant_lock_and_bad_timeout_are_rejected() -> None:
@@ -362,7 +363,7 @@ def test_stop_with_open_session_is_idempotent_and_frees_the_port(bridge: MCPBrid
             bridge.stop()
 
     asyncio.run(go())
-    assert bridge.state is BridgeState.STOPPED and bridge.url == ""
+    assert bridge.state is Lifecycle.STOPPED and bridge.url == ""
     assert _port_refuses(url)
     assert not [t for t in threading.enumerate() if t.name == "gym-harness-bridge"]
 

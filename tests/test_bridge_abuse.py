@@ -20,7 +20,8 @@ from fastmcp.client.transports import StreamableHttpTransport
 from support.gate import Gate
 
 from gym_harness import HarnessEnv, tool_tags
-from gym_harness.bridge import BridgeState, MCPBridge
+from gym_harness.bridge import MCPBridge
+from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
 from gym_harness.tools import LOCKED_TAG
 
@@ -86,12 +87,12 @@ def test_exiting_tool_is_a_tool_error_and_the_bridge_lives_on(tool: str) -> None
 
     with MCPBridge(EXITING) as bridge:
         asyncio.run(calls(bridge))
-        assert bridge.state is BridgeState.RUNNING
+        assert bridge.state is Lifecycle.RUNNING
         bridge.rotate_token()  # the next episode
         asyncio.run(calls(bridge))
         orchestrator = bridge.call_tool(tool, args)
         assert orchestrator.is_error and "must not exit" in orchestrator.text
-        assert bridge.state is BridgeState.RUNNING
+        assert bridge.state is Lifecycle.RUNNING
 
 
 def test_exit_in_one_step_then_tools_work_in_that_episode_and_the_next() -> None:
@@ -118,13 +119,13 @@ def test_dead_bridge_loop_is_reported_and_restarted() -> None:
         port = bridge.url
         bridge.call_tool("kill_loop")
         deadline = time.monotonic() + 5
-        while bridge.state is not BridgeState.FAILED and time.monotonic() < deadline:
+        while bridge.state is not Lifecycle.FAILED and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert bridge.state is BridgeState.FAILED
+        assert bridge.state is Lifecycle.FAILED
         assert "loop was killed on purpose" in bridge.failure and bridge.url == ""
         assert bridge.call_tool("add", {"a": 1, "b": 1}).text == "2"  # on a private loop
         bridge.start()
-        assert bridge.state is BridgeState.RUNNING and bridge.url != port
+        assert bridge.state is Lifecycle.RUNNING and bridge.url != port
 
         async def call() -> Any:
             async with _client(bridge) as client:

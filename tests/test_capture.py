@@ -17,8 +17,9 @@ from support.model_server import Drop, Fail, ScriptedModelServer, Stall, token_i
 from support.raw_upstream import RawUpstream
 
 from gym_harness._upstream import UpstreamDropped, _Body
-from gym_harness.capture import ModelExchange, ModelProxy, ProxyState, SSEEvent, parse_sse
+from gym_harness.capture import ModelExchange, ModelProxy, SSEEvent, parse_sse
 from gym_harness.errors import CaptureError
+from gym_harness.lifecycle import Lifecycle
 
 ADD = {"a": 2, "b": 3}
 REAL_KEY = "sk-real-upstream-key"
@@ -270,12 +271,12 @@ def test_unreachable_upstream() -> None:
 
 def test_lifecycle_is_bounded_and_idempotent(srv: ScriptedModelServer) -> None:
     proxy = ModelProxy(srv.base_url, api_key=REAL_KEY)
-    assert proxy.state is ProxyState.UNOPENED and REAL_KEY not in repr(proxy)
+    assert proxy.state is Lifecycle.NEW and REAL_KEY not in repr(proxy)
     with pytest.raises(CaptureError):
         _ = proxy.base_url
     proxy.start()
     proxy.start()
-    assert proxy.state is ProxyState.RUNNING
+    assert proxy.state is Lifecycle.RUNNING
     srv.enqueue(Stall(after=1))
     path, header, body = requests_for(True)["anthropic"]
     errors: list[Exception] = []
@@ -293,7 +294,7 @@ def test_lifecycle_is_bounded_and_idempotent(srv: ScriptedModelServer) -> None:
     proxy.stop()
     caller.join(10)
     srv.release()
-    assert proxy.state is ProxyState.CLOSED and errors
+    assert proxy.state is Lifecycle.STOPPED and errors
     with pytest.raises(CaptureError):
         proxy.start()
     assert not [t for t in threading.enumerate() if t.name == "gym-harness-capture"]

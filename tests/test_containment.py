@@ -28,9 +28,10 @@ from support import OWNER_SCRIPT
 from support.process import SCRIPT, is_ready, running, wait_gone
 
 from gym_harness import _keeper
-from gym_harness.config import HarnessConfig
+from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.env import HarnessEnv
 from gym_harness.process import HarnessProcess
+from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
 ROOT = Path(__file__).parent.parent
@@ -58,6 +59,10 @@ def hostile_config(mode: str, pidfile: Path, **changes: object) -> HarnessConfig
     )
 
 
+def hostile_spec(mode: str, pidfile: Path, **changes: object) -> ProcessSpec:
+    return hostile_config(mode, pidfile, **changes).process_spec()
+
+
 MINIMUM = {"env_cleared": 2, "disguised": 3, "keeper_killer": 13, "fork_storm": 10}
 
 
@@ -80,13 +85,13 @@ def await_lost(proc: HarnessProcess, keeper: int) -> None:
 def test_stop_ends_a_hostile_tree(mode: str, cgroup: bool, tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     pidfile.touch()
-    proc = HarnessProcess(hostile_config(mode, pidfile, cgroup=cgroup))
+    proc = HarnessProcess(hostile_spec(mode, pidfile, cgroup=cgroup))
     try:
-        proc.start(is_ready)
+        start_ready(proc, is_ready)
         keeper = proc.keeper_pid
         assert keeper is not None
         if mode == "keeper_killer":
-            proc.write_line("kill your keeper")
+            proc.write_line("kill your keeper", timeout_s=10)
             await_lost(proc, keeper)
     finally:
         proc.stop()
@@ -134,8 +139,8 @@ def test_the_tree_gets_a_cgroup_of_its_own_where_one_is_writable(tmp_path: Path)
         pytest.skip("no writable cgroup v2 hierarchy here: the subreaper alone contains trees")
     pidfile = tmp_path / "pids"
     pidfile.touch()
-    with HarnessProcess(hostile_config("disguised", pidfile)) as proc:
-        proc.start(is_ready)
+    with HarnessProcess(hostile_spec("disguised", pidfile)) as proc:
+        start_ready(proc, is_ready)
         groups = set()
         for pid in recorded(pidfile):
             with open(f"/proc/{pid}/cgroup") as f:

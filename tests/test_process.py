@@ -14,9 +14,9 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from support.process import config, is_ready, running, wait_gone
+from support.process import is_ready, running, spec, wait_gone
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import ProcessSpec
 from gym_harness.errors import (
     ConfigError,
     HarnessCrashed,
@@ -24,6 +24,7 @@ from gym_harness.errors import (
     TurnTimeout,
 )
 from gym_harness.process import MARKER_VAR, SESSION_VAR, HarnessProcess, ProcessUsage
+from gym_harness.readiness import start_ready
 
 MB = 1024 * 1024
 
@@ -43,10 +44,10 @@ def read_until(proc: HarnessProcess, wanted: str, timeout_s: float = 10.0) -> li
 
 
 def test_echo_round_trip_and_stop() -> None:
-    with HarnessProcess(config("echo")) as proc:
-        proc.start(is_ready)
+    with HarnessProcess(spec("echo")) as proc:
+        start_ready(proc, is_ready)
         assert proc.pid is not None and proc.is_alive() and proc.returncode is None
-        proc.write_line("héllo {}")
+        proc.write_line("héllo {}", timeout_s=10)
         assert proc.read_line(timeout_s=10) == "héllo {}"
         assert proc.read_line(timeout_s=0.05) is None
         assert not proc.eof
@@ -58,24 +59,24 @@ def test_echo_round_trip_and_stop() -> None:
 
 
 def test_start_without_ready_returns_at_once_and_keeps_every_line() -> None:
-    with HarnessProcess(config("never_ready")) as proc:
+    with HarnessProcess(spec("never_ready")) as proc:
         proc.start()
         assert read_until(proc, "starting...") == ["starting..."]
 
 
 def test_never_ready_times_out_and_leaves_nothing() -> None:
-    proc = HarnessProcess(config("never_ready", startup_timeout_s=0.5))
+    proc = HarnessProcess(spec("never_ready"))
     with pytest.raises(HarnessStartError, match="startup_timeout_s") as info:
-        proc.start(is_ready)
+        start_ready(proc, is_ready, timeout_s=0.5)
     assert info.value.exit_code is None
     assert info.value.pid == proc.pid is not None
     assert wait_gone([proc.pid]) == []
 
 
 def test_exit_during_startup_reports_code_and_stderr() -> None:
-    proc = HarnessProcess(config("exit_early"))
-    with pytest.raises(HarnessStartError, match="exited with code 3") as info:
-        proc.start(is_ready)
+    proc = HarnessProcess(spec("exit_early"))
+    with pytest.raises(HarnessStartError, match=r"exited during startup \(exit code 3\)") as info:
+        start_ready(proc, is_ready)
     assert info.value.exit_code == 3
     assert "ANTHROPIC_API_KEY is not set" in info.value.stderr_tail
     assert "ANTHROPIC_API_KEY is not set" in str(info.value)
@@ -87,29 +88,29 @@ def test_exit_during_startup_reports_code_and_stderr() -> None:
     [(("no-such-harness-xyz",), None), ((sys.executable, "-c", "pass"), "/no/such/dir")],
 )
 def test_unstartable_command_raises_start_error(command: tuple[str, ...], cwd: str | None) -> None:
-    proc = HarnessProcess(HarnessConfig(command=command, cwd=cwd))
+    proc = HarnessProcess(ProcessSpec(command=command, cwd=cwd))
     with pytest.raises(HarnessStartError, match="harness"):
-        proc.start(is_ready)
+        start_ready(proc, is_ready)
     assert proc.pid is None and not proc.is_alive()
     proc.stop()
 
 
 def test_misuse_is_reported() -> None:
     with pytest.raises(ConfigError, match="command"):
-        HarnessProcess(HarnessConfig())
-    proc = HarnessProcess(config("echo"))
+        HarnessProcess(ProcessSpec())
+    proc = HarnessProcess(spec("echo"))
     with pytest.raises(HarnessCrashed, match="new harness"):
-        proc.write_line("too early")
+        proc.write_line("too early", timeout_s=10)
     with proc:
-        proc.start(is_ready)
+        start_ready(proc, is_ready)
         with pytest.raises(HarnessStartError, match="new HarnessProcess"):
-            proc.start(is_ready)
+            start_ready(proc, is_ready)
 
 
 def test_crash_mid_turn_is_eof_then_crashed_on_write() -> None:
-    with HarnessProcess(config("crash")) as proc:
-        proc.start(is_ready)
-        proc.write_line('{"type":"message","content":"hi"}')
+    with HarnessProcess(spec("crash")) as proc:
+        start_ready(proc, is_ready)
+        proc.write_line('{"type":"message","content":"hi"}', timeout_s=10)
         assert proc.read_line(timeout_s=10) == '{"type":"text","text":"half a rep'
         assert proc.read_line(timeout_s=10) is None
         assert proc.eof
@@ -118,13 +119,13 @@ def test_crash_mid_turn_is_eof_then_crashed_on_write() -> None:
             time.sleep(0.01)
         assert proc.returncode == 3 and not proc.is_alive()
         with pytest.raises(HarnessCrashed) as info:
-            proc.write_line("anyone there?")
+            proc.write_line("anyone there?", timeout_s=10)
         assert info.value.exit_code == 3
 
 
 def test_sigterm_ignored_means_sigkill_after_grace() -> None:
-    proc = HarnessProcess(config("ignore_term", stop_grace_s=0.3))
-    proc.start(is_ready)
+    proc = HarnessProcess(spec("ignore_term", stop_grace_s=0.3))
+    start_ready(proc, is_ready)
     proc.stop()
     assert proc.returncode == -9
     assert wait_gone([proc.pid]) == []  # type: ignore[list-item]
@@ -132,22 +133,24 @@ def test_sigterm_ignored_means_sigkill_after_grace() -> None:
 
 @pytest.mark.timeout(60)
 def test_floods_on_stdout_and_stderr_do_not_deadlock() -> None:
-    with HarnessProcess(config("flood", stderr_tail_lines=5)) as proc:
-        proc.start(is_ready)
-        proc.write_line("go")
+    with HarnessProcess(spec("flood", stderr_tail_lines=5)) as proc:
+        start_ready(proc, is_ready)
+        proc.write_line("go", timeout_s=10)
         lines = read_until(proc, "done", timeout_s=50)
         assert sum(len(line) + 1 for line in lines[:-1]) == 50 * MB
         tail = proc.stderr_tail().split("\n")
         assert len(tail) == 5 and all(line == "x" * 1023 for line in tail)
-        proc.write_line("still here")
+        proc.write_line("still here", timeout_s=10)
         assert proc.read_line(timeout_s=10) == "still here"
 
 
 @pytest.mark.timeout(30)
 def test_stop_works_while_the_harness_blocks_on_unread_output() -> None:
-    proc = HarnessProcess(config("flood", max_line_bytes=64 * 1024))
-    proc.start(is_ready)
-    proc.write_line("go")  # 50 MB that nobody reads: the pipe fills, the harness blocks
+    proc = HarnessProcess(spec("flood", max_line_bytes=64 * 1024))
+    start_ready(proc, is_ready)
+    proc.write_line(
+        "go", timeout_s=10
+    )  # 50 MB that nobody reads: the pipe fills, the harness blocks
     assert proc.read_line(timeout_s=10) == "x" * 1023
     proc.stop()
     assert not proc.is_alive() and proc.eof
@@ -155,11 +158,11 @@ def test_stop_works_while_the_harness_blocks_on_unread_output() -> None:
 
 
 def test_invalid_utf8_is_replaced_not_fatal() -> None:
-    with HarnessProcess(config("bad_utf8")) as proc:
-        proc.start(is_ready)
+    with HarnessProcess(spec("bad_utf8")) as proc:
+        start_ready(proc, is_ready)
         assert proc.read_line(timeout_s=10) == "bad \ufffd\ufffd here \ufffd("
         assert proc.read_line(timeout_s=10) == "after"
-        proc.write_line("ok")
+        proc.write_line("ok", timeout_s=10)
         assert proc.read_line(timeout_s=10) == "ok"
         # stderr is drained by its own thread: its line may land after stdout's.
         deadline = time.monotonic() + 5
@@ -170,10 +173,10 @@ def test_invalid_utf8_is_replaced_not_fatal() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_20mb_line_is_cut_while_read() -> None:
-    with HarnessProcess(config("long_line", max_line_bytes=MB)) as proc:
+    with HarnessProcess(spec("long_line", max_line_bytes=MB)) as proc:
         tracemalloc.start()
         try:
-            proc.start(is_ready)
+            start_ready(proc, is_ready)
             line = proc.read_line(timeout_s=30)
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -185,9 +188,9 @@ def test_a_20mb_line_is_cut_while_read() -> None:
 
 @pytest.mark.timeout(30)
 def test_closed_stdout_is_a_lasting_eof_while_alive() -> None:
-    with HarnessProcess(config("close_stdout")) as proc:
-        proc.start(is_ready)
-        proc.write_line("close it")
+    with HarnessProcess(spec("close_stdout")) as proc:
+        start_ready(proc, is_ready)
+        proc.write_line("close it", timeout_s=10)
         assert proc.read_line(timeout_s=10) is None
         assert proc.eof and proc.is_alive()
         # A wait here would hit the 30 s test timeout: at EOF read_line returns at once.
@@ -198,12 +201,14 @@ def test_closed_stdout_is_a_lasting_eof_while_alive() -> None:
 
 
 def test_last_activity_counts_stderr_and_tail_is_bounded() -> None:
-    with HarnessProcess(config("echo", stderr_tail_lines=3)) as proc:
-        proc.start(is_ready)
+    with HarnessProcess(spec("echo", stderr_tail_lines=3)) as proc:
+        start_ready(proc, is_ready)
         before = proc.last_activity
         for n in range(5):
-            proc.write_line(f"err:line {n}")
-        proc.write_line("sync")  # stdout echo arrives after the stderr lines were written
+            proc.write_line(f"err:line {n}", timeout_s=10)
+        proc.write_line(
+            "sync", timeout_s=10
+        )  # stdout echo arrives after the stderr lines were written
         assert proc.read_line(timeout_s=10) == "sync"
         deadline = time.monotonic() + 5
         while proc.stderr_tail() != "line 2\nline 3\nline 4" and time.monotonic() < deadline:
@@ -216,11 +221,11 @@ def test_environment_is_scrubbed_and_marked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("GYM_TEST_SECRET", "must not leak")
-    cfg = config("env", inherit_env=("PATH",), env={"EXTRA": "1"}, cwd=str(tmp_path))
+    cfg = spec("env", inherit_env=("PATH",), env={"EXTRA": "1"}, cwd=str(tmp_path))
     with HarnessProcess(cfg) as first, HarnessProcess(cfg) as second:
         seen = []
         for proc in (first, second):
-            proc.start(is_ready)
+            start_ready(proc, is_ready)
             seen.append(json.loads(proc.read_line(timeout_s=10) or "{}"))
     for report in seen:
         # Python itself may add LC_CTYPE (PEP 538 locale coercion) in the child.
@@ -231,8 +236,8 @@ def test_environment_is_scrubbed_and_marked(
 
 
 def test_usage_counts_the_tree() -> None:
-    with HarnessProcess(config("echo")) as proc:
-        proc.start(is_ready)
+    with HarnessProcess(spec("echo")) as proc:
+        start_ready(proc, is_ready)
         usage = proc.usage()
         assert isinstance(usage, ProcessUsage)
         assert usage.num_processes == 1 and usage.rss_bytes > MB and usage.cpu_seconds >= 0
@@ -240,7 +245,7 @@ def test_usage_counts_the_tree() -> None:
 
 
 def test_write_to_a_harness_that_never_reads_times_out() -> None:
-    with HarnessProcess(config("never_ready")) as proc:
+    with HarnessProcess(spec("never_ready")) as proc:
         proc.start()
         with pytest.raises(TurnTimeout, match="stdin"):
             proc.write_line("z" * (4 * MB), timeout_s=0.3)

@@ -13,24 +13,25 @@ from pathlib import Path
 import psutil
 import pytest
 from support import OWNER_SCRIPT
-from support.process import SCRIPT, config, is_ready, running, wait_gone
+from support.process import SCRIPT, is_ready, running, spec, wait_gone
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import ProcessSpec
 from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
 ROOT = Path(__file__).parent.parent
 
 
 def start_family(proc: HarnessProcess) -> list[int]:
-    proc.start(is_ready)
+    start_ready(proc, is_ready)
     pids: list[int] = json.loads(proc.read_line(timeout_s=10) or "{}")["pids"]
     assert len(pids) == 4 and all(running(pid) for pid in pids)
     return pids
 
 
 def test_stop_ends_group_setsid_grandchild_and_daemon() -> None:
-    proc = HarnessProcess(config("family", stop_grace_s=0.5))
+    proc = HarnessProcess(spec("family", stop_grace_s=0.5))
     pids = start_family(proc)
     harness, _child, grandchild, daemon = pids
     assert psutil.Process(grandchild).ppid() != harness  # re-parented or in another session
@@ -63,9 +64,9 @@ def test_family_dies_with_its_owner(sig: signal.Signals) -> None:
 
 
 def test_each_harness_has_its_own_keeper_which_parents_it_and_exits_with_it() -> None:
-    first, second = HarnessProcess(config("echo")), HarnessProcess(config("echo"))
-    first.start(is_ready)
-    second.start(is_ready)
+    first, second = HarnessProcess(spec("echo")), HarnessProcess(spec("echo"))
+    start_ready(first, is_ready)
+    start_ready(second, is_ready)
     keepers = [first.keeper_pid, second.keeper_pid]
     assert keepers[0] != keepers[1] and all(running(k) for k in keepers)  # type: ignore[arg-type]
     assert psutil.Process(first.pid).ppid() == keepers[0]
@@ -79,12 +80,12 @@ def test_each_harness_has_its_own_keeper_which_parents_it_and_exits_with_it() ->
 def test_a_held_keeper_serves_harness_after_harness() -> None:
     hold_keeper()
     try:
-        with HarnessProcess(config("echo")) as proc:
-            proc.start(is_ready)
+        with HarnessProcess(spec("echo")) as proc:
+            start_ready(proc, is_ready)
             keeper = proc.keeper_pid
         assert keeper is not None and running(keeper)
-        with HarnessProcess(config("echo")) as proc:
-            proc.start(is_ready)
+        with HarnessProcess(spec("echo")) as proc:
+            start_ready(proc, is_ready)
             assert proc.keeper_pid == keeper
     finally:
         release_keeper()
@@ -95,8 +96,8 @@ def test_a_released_keeper_that_does_not_quit_is_killed_within_its_bound() -> No
     """Letting a keeper go is bounded: one that cannot quit (stopped) is killed."""
     hold_keeper()
     try:
-        with HarnessProcess(config("echo")) as proc:
-            proc.start(is_ready)
+        with HarnessProcess(spec("echo")) as proc:
+            start_ready(proc, is_ready)
             keeper = proc.keeper_pid
         assert keeper is not None and running(keeper)  # idle, held for the next harness
         os.kill(keeper, signal.SIGSTOP)  # now it cannot act on being asked to quit
@@ -111,15 +112,15 @@ def _open_fds_and_threads() -> tuple[int, int]:
 
 @pytest.mark.timeout(120)
 def test_200_start_stop_cycles_leave_nothing_behind() -> None:
-    cfg = HarnessConfig(command=("sh", "-c", "echo ready; exec cat"), stop_grace_s=1.0)
+    cfg = ProcessSpec(command=("sh", "-c", "echo ready; exec cat"), stop_grace_s=1.0)
     with HarnessProcess(cfg) as warm_up:  # the spawner thread starts once and stays
-        warm_up.start(lambda line: line == "ready")
+        start_ready(warm_up, lambda line: line == "ready")
     before = _open_fds_and_threads()
     pids = []
     for n in range(200):
         with HarnessProcess(cfg) as proc:
-            proc.start(lambda line: line == "ready")
-            proc.write_line(f"ping {n}")
+            start_ready(proc, lambda line: line == "ready")
+            proc.write_line(f"ping {n}", timeout_s=10)
             assert proc.read_line(timeout_s=10) == f"ping {n}"
             pids.append(proc.pid)
     assert wait_gone(pids) == []  # type: ignore[arg-type]
@@ -128,7 +129,7 @@ def test_200_start_stop_cycles_leave_nothing_behind() -> None:
 
 def test_family_script_reports_real_pids() -> None:
     """Guards the fixture itself: the pids it prints are its own family."""
-    with HarnessProcess(config("family")) as proc:
+    with HarnessProcess(spec("family")) as proc:
         harness, child, _grandchild, _daemon = start_family(proc)
         assert harness == proc.pid
         assert psutil.Process(child).ppid() == harness

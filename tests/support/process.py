@@ -7,17 +7,17 @@ import time
 
 import psutil
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import ProcessSpec
 from support import HARNESS_SCRIPT
 
-__all__ = ["SCRIPT", "config", "is_ready", "running", "wait_gone"]
+__all__ = ["SCRIPT", "is_ready", "running", "spec", "wait_gone"]
 
 SCRIPT = HARNESS_SCRIPT
 
 
-def config(mode: str, **changes: object) -> HarnessConfig:
-    """A config that starts ``scripts/harness.py`` in ``mode``."""
-    return HarnessConfig(command=(sys.executable, str(SCRIPT), mode), **changes)  # type: ignore[arg-type]
+def spec(mode: str, **changes: object) -> ProcessSpec:
+    """A process spec that starts ``scripts/harness.py`` in ``mode``."""
+    return ProcessSpec(command=(sys.executable, str(SCRIPT), mode), **changes)  # type: ignore[arg-type]
 
 
 def is_ready(line: str) -> bool:

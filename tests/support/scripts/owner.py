@@ -27,8 +27,9 @@ from typing import Any
 
 import psutil
 
-from gym_harness.config import HarnessConfig
+from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.process import HarnessProcess
+from gym_harness.readiness import start_ready
 
 SCRIPT = Path(__file__).with_name("harness.py")
 AGENT = str(Path(__file__).parent.parent / "line_agent.py")
@@ -39,8 +40,8 @@ def report(data: dict[str, Any]) -> None:
 
 
 def family() -> None:
-    proc = HarnessProcess(HarnessConfig(command=(sys.executable, str(SCRIPT), "family")))
-    proc.start(lambda line: "ready" in line)
+    proc = HarnessProcess(ProcessSpec(command=(sys.executable, str(SCRIPT), "family")))
+    start_ready(proc, lambda line: "ready" in line)
     pids = json.loads(proc.read_line(10) or "{}")["pids"]
     report({"family": pids, "keeper": proc.keeper_pid})
     time.sleep(60)  # bounded: the test kills us long before this
@@ -50,8 +51,8 @@ def process(mode: str, pidfile: str, cgroup: bool) -> HarnessProcess:
     config = HarnessConfig(
         command=(sys.executable, str(SCRIPT), mode, pidfile), stop_grace_s=0.3, cgroup=cgroup
     )
-    proc = HarnessProcess(config)
-    proc.start(lambda line: "ready" in line)
+    proc = HarnessProcess(config.process_spec())
+    start_ready(proc, lambda line: "ready" in line)
     report({"harness": proc.pid, "keeper": proc.keeper_pid})
     return proc
 
@@ -60,7 +61,7 @@ def serve(proc: HarnessProcess | None, envs: Any = None) -> None:
     for line in sys.stdin:
         command, _, arg = line.rstrip("\n").partition(" ")
         if command == "write" and proc is not None:
-            proc.write_line(arg)
+            proc.write_line(arg, timeout_s=10)
             report({"written": arg})
         elif command == "lost" and proc is not None:
             deadline = time.monotonic() + 30
