@@ -321,7 +321,7 @@ def test_activity_and_call_counts(bridge: MCPBridge) -> None:
     before = bridge.last_activity
     assert bridge.call_tool("echo", {"text": "orchestrator"}).text == "orchestrator"
     assert bridge.tool_calls == 0  # in-process calls are not harness tool calls
-    assert bridge.in_flight == 0
+    assert bridge.in_flight == 0 and not bridge.busy
     _raw_post(bridge.url, {})  # unauthenticated: not a sign of life
     assert bridge.last_activity == before
     mark = bridge.last_activity

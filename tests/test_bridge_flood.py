@@ -219,7 +219,7 @@ def test_connection_cap_evicts_unauthenticated_first_and_keeps_busy_calls() -> N
             deadline = time.monotonic() + 10
             while bridge.in_flight == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert bridge.in_flight == 1
+            assert bridge.in_flight == 1 and bridge.busy  # the harness waits on the env
             flood = [
                 socket.create_connection(("127.0.0.1", _port(bridge)), timeout=5)
                 for _ in range(cap + 100)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -249,3 +250,67 @@ def test_write_to_a_harness_that_never_reads_times_out() -> None:
         proc.start()
         with pytest.raises(TurnTimeout, match="stdin"):
             proc.write_line("z" * (4 * MB), timeout_s=0.3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wake", ["byte", "writer_closed"])
+def test_a_readable_wake_fd_ends_the_wait_and_stays_unread(wake: str) -> None:
+    wake_r, wake_w = os.pipe()
+    try:
+        with HarnessProcess(spec("echo")) as proc:
+            start_ready(proc, is_ready)
+
+            def wake_up() -> None:
+                time.sleep(0.2)  # the reader is waiting by then (or soon: either way it wakes)
+                if wake == "byte":
+                    os.write(wake_w, b"!")
+                else:
+                    os.close(wake_w)
+
+            waker = threading.Thread(target=wake_up)
+            waker.start()
+            # Without the wake-up this would wait 600 s, past the test's 60 s timeout.
+            assert proc.read_line(timeout_s=600, wake_fd=wake_r) is None
+            waker.join(10)
+            assert not proc.eof and proc.is_alive()
+            if wake == "byte":
+                assert os.read(wake_r, 16) == b"!"  # not consumed by read_line
+            # The wake fd is no longer polled: stdout reads as before.
+            proc.write_line("after", timeout_s=10)
+            assert proc.read_line(timeout_s=10) == "after"
+    finally:
+        os.close(wake_r)
+        if wake == "byte":
+            os.close(wake_w)
+
+
+@pytest.mark.timeout(60)
+def test_a_readable_wake_fd_loses_no_output() -> None:
+    wake_r, wake_w = os.pipe()
+    try:
+        with HarnessProcess(spec("echo")) as proc:
+            start_ready(proc, is_ready)
+            os.write(wake_w, b"!")  # readable throughout
+            proc.write_line("one", timeout_s=10)
+            proc.write_line("two", timeout_s=10)
+            seen: list[str] = []
+            while len(seen) < 2:  # bounded: every pass adds a line or fails
+                line = proc.read_line(timeout_s=10, wake_fd=wake_r)
+                if line is None:  # woken: what the harness wrote is still there to read
+                    line = proc.read_line(timeout_s=10)
+                assert line is not None
+                seen.append(line)
+            assert seen == ["one", "two"]
+            assert os.read(wake_r, 16) == b"!"
+    finally:
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def test_write_line_needs_a_bound() -> None:
+    with HarnessProcess(spec("echo")) as proc:
+        start_ready(proc, is_ready)
+        with pytest.raises(TypeError, match="timeout_s or deadline"):
+            proc.write_line("unbounded")
+        proc.write_line("bounded", deadline=time.monotonic() + 10)
+        assert proc.read_line(timeout_s=10) == "bounded"

@@ -3,6 +3,7 @@ results and tasks round-trip through JSON; bad config says what to fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from typing import Any
@@ -21,12 +22,15 @@ from gym_harness import (
     HarnessError,
     HarnessEvent,
     HarnessStartError,
+    ProcessSpec,
     ProtocolError,
     Task,
     ToolConflictError,
+    TurnLimits,
     TurnResult,
     TurnTimeout,
 )
+from gym_harness.config import INTERRUPT_GRACE_S
 
 ERRORS = [
     HarnessError,
@@ -99,6 +103,25 @@ def test_config_round_trips_through_json(config: HarnessConfig) -> None:
     data = json.loads(json.dumps(config.to_dict()))
     assert HarnessConfig.from_dict(data) == config
     assert pickle.loads(pickle.dumps(config)) == config
+
+
+@given(configs)
+def test_config_splits_into_a_process_spec_and_turn_limits(config: HarnessConfig) -> None:
+    spec, limits = config.process_spec(), config.turn_limits()
+    for part in (spec, limits):
+        for f in dataclasses.fields(part):
+            if f.name != "interrupt_grace_s":
+                assert getattr(part, f.name) == getattr(config, f.name), f.name
+        assert pickle.loads(pickle.dumps(part)) == part
+    assert limits.interrupt_grace_s == min(INTERRUPT_GRACE_S, config.stop_grace_s)
+    assert {f.name for f in dataclasses.fields(spec)}.isdisjoint(
+        f.name for f in dataclasses.fields(limits)
+    )
+
+
+def test_the_parts_default_like_the_config() -> None:
+    assert HarnessConfig().process_spec() == ProcessSpec()
+    assert HarnessConfig().turn_limits() == TurnLimits()
 
 
 @pytest.mark.parametrize(
