@@ -32,7 +32,15 @@ from gym_harness.errors import (
     TurnTimeout,
 )
 from gym_harness.events import EventType, HarnessEvent, TurnResult
-from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
+from gym_harness.harnesses import (
+    HARNESSES,
+    EpisodeContext,
+    Feed,
+    Harness,
+    HarnessSession,
+    Launch,
+    harness_class,
+)
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
 from gym_harness.outcome import Outcome
 from gym_harness.process import HarnessProcess, ProcessUsage
@@ -90,7 +98,9 @@ __all__ = [
     "HarnessError",
     "HarnessEvent",
     "HarnessProcess",
+    "HarnessSession",
     "HarnessStartError",
+    "Launch",
     "MCPBridge",
     "ModelExchange",
     "ModelProxy",

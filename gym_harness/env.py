@@ -408,15 +408,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
         from gym_harness.process import HarnessProcess, hold_keeper
 
-        config = self.harness.launch(
+        launch = self.harness.launch(
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
+        config = launch.config
         if not self._keeper_held:  # one keeper for all episodes, not one per reset
             hold_keeper()
             self._keeper_held = True
         self._proc = HarnessProcess(config)
         self._runner = TurnRunner(
-            self.harness, self._proc, config, self._bridge, self._emit, self._proxy, ctx.tool_names
+            launch.session, self._proc, config, self._bridge, self._emit, self._proxy
         )
         try:
             self._proc.start()
