@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import shutil
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
@@ -55,6 +51,7 @@ from gym_harness.harnesses.codex_config import (
     KNOWN_MODELS,
     catalog_entry,
     codex_config,
+    native_codex,
 )
 from gym_harness.outcome import Outcome
 
@@ -70,13 +67,6 @@ _DECLINE: dict[str, Any] = {
     "applyPatchApproval": {"decision": "denied"},
     "item/permissions/requestApproval": {"permissions": {}, "scope": "turn"},
     "item/tool/requestUserInput": {"answers": {}},
-}
-#: (sys.platform, machine) -> the npm platform package and the target triple in it.
-_NATIVE = {
-    ("linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
-    ("linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
-    ("darwin", "x86_64"): ("codex-darwin-x64", "x86_64-apple-darwin"),
-    ("darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
 }
 #: Thread items that are tool calls, and the name an event gives them.
 _TOOL_ITEMS = {"commandExecution": "shell", "fileChange": "apply_patch", "webSearch": "web_search"}
@@ -457,40 +447,3 @@ def _usage(last: Mapping[str, Any]) -> dict[str, Any]:
             "totalTokens",
         ),
     )
-
-
-def native_codex(executable: str, path: str | None = None) -> tuple[str, str] | None:
-    """The native binary that npm's ``codex`` launcher would start, if it is installed.
-
-    Looks where the launcher looks: the platform package (``@openai/codex-linux-x64``
-    ...) next to ``@openai/codex`` or inside its own ``node_modules``, then the
-    package's own ``vendor`` directory.
-
-    Args:
-        executable: ``"codex"`` (looked up on ``path``) or a path to it.
-        path: The ``PATH`` to search; ``None`` for ours.
-
-    Returns:
-        ``(binary, package_root)``, or ``None`` when ``executable`` is not the node
-        launcher (a native ``codex`` already, say) or the binary is not found.
-    """
-    found = executable if os.sep in executable else shutil.which(executable, path=path)
-    if not found:
-        return None
-    launcher = Path(found).resolve()
-    package = launcher.parent.parent
-    if launcher.suffix != ".js" or not (package / "package.json").is_file():
-        return None
-    known = _NATIVE.get((sys.platform, platform.machine()))
-    if known is None:
-        return None
-    name, triple = known
-    for vendor in (
-        package.parent / name / "vendor",
-        package / "node_modules" / "@openai" / name / "vendor",
-        package / "vendor",
-    ):
-        binary = vendor / triple / "bin" / "codex"
-        if binary.is_file() and os.access(binary, os.X_OK):
-            return str(binary), str(package)
-    return None
