@@ -107,7 +107,7 @@ def test_builtin_tools_off_and_selected(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- offline: feed
 
 
-def session(tmp_path: Path) -> ClaudeCodeSession:
+def new_session(tmp_path: Path) -> ClaudeCodeSession:
     """A fresh episode's session, as ``launch`` makes it."""
     launched = ClaudeCodeHarness().launch(make_ctx(tmp_path), HarnessConfig()).session
     assert isinstance(launched, ClaudeCodeSession) and launched.ready_at_spawn
@@ -127,10 +127,10 @@ def init_line(tools: list[str], status: str = "connected") -> str:
 
 
 def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
-    harness = session(tmp_path)
-    assert harness.feed(init_line(["mcp__env__add", "mcp__env__echo"])).error_type == ""
-    assert harness.session_id == "s1"
-    call = harness.feed(
+    session = new_session(tmp_path)
+    assert session.feed(init_line(["mcp__env__add", "mcp__env__echo"])).error_type == ""
+    assert session.session_id == "s1"
+    call = session.feed(
         json.dumps(
             {
                 "type": "assistant",
@@ -151,7 +151,7 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
     assert [e.type for e in call.events] == [EventType.TEXT, EventType.TOOL_CALL]
     assert call.events[1].data["name"] == "add"
     assert call.events[1].data["arguments"] == {"a": 1}
-    result = harness.feed(
+    result = session.feed(
         json.dumps(
             {
                 "type": "user",
@@ -163,7 +163,7 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
     )
     assert result.events[0].type is EventType.TOOL_RESULT
     assert result.events[0].data == {"name": "add", "content": "2", "is_error": False, "id": "t1"}
-    end = harness.feed(
+    end = session.feed(
         json.dumps(
             {
                 "type": "result",
@@ -180,31 +180,31 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
 
 
 def test_feed_reports_missing_env_tools_as_startup_failed(tmp_path: Path) -> None:
-    harness = session(tmp_path)
-    feed = harness.feed(init_line([], status="failed"))
+    session = new_session(tmp_path)
+    feed = session.feed(init_line([], status="failed"))
     assert feed.error_type == "startup_failed"
     assert "add" in feed.error and "echo" in feed.error and "failed" in feed.error
 
 
 def test_feed_error_result_is_an_outcome(tmp_path: Path) -> None:
-    harness = session(tmp_path)
+    session = new_session(tmp_path)
     line = {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500"}
-    feed = harness.feed(json.dumps(line))
+    feed = session.feed(json.dumps(line))
     assert feed.turn_complete
     assert feed.error_type == "harness_error"
     assert "API Error: 500" in feed.error
 
 
 def test_feed_non_json_is_a_protocol_error(tmp_path: Path) -> None:
-    harness = session(tmp_path)
-    assert harness.feed("not json").error_type == "protocol_error"
-    assert harness.feed("").error_type == ""
+    session = new_session(tmp_path)
+    assert session.feed("not json").error_type == "protocol_error"
+    assert session.feed("").error_type == ""
 
 
 def test_interrupt_line_is_a_control_request(tmp_path: Path) -> None:
-    harness = session(tmp_path)
+    session = new_session(tmp_path)
     first, second = (
-        json.loads(line) for line in [*harness.interrupt_lines(), *harness.interrupt_lines()]
+        json.loads(line) for line in [*session.interrupt_lines(), *session.interrupt_lines()]
     )
     assert first["type"] == "control_request"
     assert first["request"] == {"subtype": "interrupt"}
