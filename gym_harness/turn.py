@@ -1,8 +1,8 @@
 """TurnRunner: drive one harness process through startup and turns, under deadlines.
 
 The runner owns the loop that reads the harness's output lines, hands each to
-the episode's session (``HarnessSession.feed``), writes its replies back, and ends a
-turn on ``turn_complete``, an adapter-reported error, the end of the harness
+the episode's session (``HarnessSession.feed``), writes its replies back, and ends
+a turn on ``turn_complete``, an adapter-reported error, the end of the harness
 (its output closed, or the process we started exited: a descendant that still
 holds stdout does not keep it alive), or a deadline (turn, idle, episode). It
 runs in the caller's thread.
@@ -12,8 +12,8 @@ The fault boundary
 This module is the one place where harness, bridge and proxy faults become
 outcomes, the way httpx maps transport errors at one boundary
 (``map_httpcore_exceptions``). Every call the runner makes into the process
-(write, read, liveness), the session (``startup_lines``, ``message_lines``,
-``feed``, ``interrupt_lines``, ``missing_tools``), the bridge and the model proxy runs inside
+(write, read, liveness), the session (``startup_lines``, ``message_lines``, ``feed``,
+``interrupt_lines``, ``missing_tools``), the bridge and the model proxy runs inside
 ``TurnRunner._faults``, which turns what it catches into ``TurnEnded(outcome,
 message)``; ``startup`` and ``run`` catch that once and return the outcome::
 
