@@ -10,12 +10,23 @@ from __future__ import annotations
 import json
 import pickle
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.cli import episode_ctx
 
-from gym_harness import HARNESSES, Harness, HarnessSession, Launch
+from gym_harness import (
+    HARNESSES,
+    EpisodeContext,
+    Feed,
+    Harness,
+    HarnessConfig,
+    HarnessEnv,
+    HarnessSession,
+    Launch,
+    Outcome,
+)
 from gym_harness.harnesses import make_harness
 from gym_harness.harnesses.acp import ACPSession
 from gym_harness.harnesses.line import CommandSession
@@ -113,3 +124,76 @@ def test_the_handshake_carries_what_the_factory_built_for_the_episode(tmp_path: 
     (server,) = new["params"]["mcpServers"]
     assert (server["name"], server["url"]) == ("env", "http://127.0.0.1:9/mcp")
     assert "bridge-secret-token" not in json.dumps(launched.config.command)
+
+
+# ---------------------------------------------------------------- a dialect of one's own
+
+#: A harness of the simplest dialect: it answers each line with that line, uppercased.
+UPPER = [
+    sys.executable,
+    "-c",
+    "import sys\nfor line in sys.stdin:\n    print(line.strip().upper(), flush=True)",
+]
+
+
+class UpperSession(HarnessSession):
+    """Ready at spawn; a message is one line, and the next line is the whole reply."""
+
+    def __init__(self, check_tools: bool) -> None:
+        self.check_tools = check_tools
+
+    @property
+    def ready_at_spawn(self) -> bool:
+        return True
+
+    def message_lines(self, text: str) -> list[str]:
+        return [text]
+
+    def feed(self, line: str) -> Feed:
+        return Feed(turn_complete=True, response=line, done=line == "BYE")
+
+    def missing_tools(self, listed: Callable[[], bool]) -> str:
+        if self.check_tools and not listed():
+            return "the harness never listed the env tools"
+        return ""
+
+
+class UpperHarness(Harness):
+    """The factory: the argv, and a fresh ``UpperSession`` per episode."""
+
+    name = "upper"
+
+    def __init__(self, *, check_tools: bool = False) -> None:
+        self.check_tools = check_tools
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        return Launch(config.replace(command=UPPER), UpperSession(self.check_tools))
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def test_a_dialect_of_ones_own_is_a_factory_and_a_session() -> None:
+    env = HarnessEnv(UpperHarness(), tools=[add], turn_timeout_s=30)
+    try:
+        for _ in range(2):  # a fresh session per episode
+            env.reset()
+            reply, _, terminated, _, info = env.step("hello")
+            assert (reply, terminated, info["error_type"]) == ("HELLO", False, "")
+            reply, _, terminated, _, _ = env.step("bye")
+            assert (reply, terminated) == ("BYE", True)
+    finally:
+        env.close()
+
+
+def test_a_sessions_tool_check_fails_the_first_turn_as_startup_failed() -> None:
+    env = HarnessEnv(UpperHarness(check_tools=True), tools=[add], turn_timeout_s=30)
+    try:
+        env.reset()
+        _, _, terminated, _, info = env.step("hello")  # the bridge never saw a tools/list
+        assert (terminated, info["error_type"]) == (True, Outcome.STARTUP_FAILED)
+        assert info["error"] == "the harness never listed the env tools"
+    finally:
+        env.close()

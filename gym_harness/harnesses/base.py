@@ -171,6 +171,28 @@ class Harness(ABC):
     names env tools could shadow, ``builtin_tools``. An instance holds only its
     options: it must pickle, as it travels to vector-env workers, and one
     instance launches every episode of an env.
+
+    Example:
+        A dialect whose harness answers each message line with one reply line::
+
+            class UpperSession(HarnessSession):
+                @property
+                def ready_at_spawn(self) -> bool:
+                    return True
+
+                def message_lines(self, text: str) -> list[str]:
+                    return [text]
+
+                def feed(self, line: str) -> Feed:
+                    return Feed(turn_complete=True, response=line)
+
+            class UpperHarness(Harness):
+                name = "upper"
+
+                def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+                    return Launch(config.replace(command=["my-upper-agent"]), UpperSession())
+
+            env = HarnessEnv(UpperHarness(), tools=[add])
     """
 
     #: Short name, used in registration and episode records.
