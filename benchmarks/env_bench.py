@@ -181,7 +181,7 @@ PHASES = {
         ("  TurnRunner.run", "gym_harness.turn:TurnRunner.run"),
         ("    HarnessProcess.write_line", "gym_harness.process:HarnessProcess.write_line"),
         ("    HarnessProcess.read_line (4 lines)", "gym_harness.process:HarnessProcess.read_line"),
-        ("    CommandHarness.feed (4 lines)", "gym_harness.harnesses.line:CommandHarness.feed"),
+        ("    CommandSession.feed (4 lines)", "gym_harness.harnesses.line:CommandSession.feed"),
         ("  HarnessEnv._record", "gym_harness.env:HarnessEnv._record"),
         ("  HarnessEnv._info", "gym_harness.env:HarnessEnv._info"),
     ),

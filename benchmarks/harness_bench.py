@@ -354,7 +354,7 @@ def one_shot(bench: Bench, srv: ScriptedModelServer, harness: Harness, turns: in
                 bridge_token=bridge.token,
                 tool_names=tuple(spec.name for spec in bridge.list_tools()),
             )
-            config = harness.launch(ctx, HarnessConfig())
+            config = harness.launch(ctx, HarnessConfig()).config
             times = bench.one_shot(config, workspace, turns, ctx)
         if not bridge.tools_listed:
             raise RuntimeError("the one-shot runs never listed the env tools on the bridge")

@@ -32,7 +32,15 @@ from gym_harness.errors import (
     TurnTimeout,
 )
 from gym_harness.events import EventType, HarnessEvent, TurnResult
-from gym_harness.harnesses import HARNESSES, EpisodeContext, Feed, Harness, harness_class
+from gym_harness.harnesses import (
+    HARNESSES,
+    EpisodeContext,
+    Feed,
+    Harness,
+    HarnessSession,
+    Launch,
+    harness_class,
+)
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
 from gym_harness.lifecycle import Lifecycle, Liveness
 from gym_harness.outcome import Outcome
@@ -91,7 +99,9 @@ __all__ = [
     "HarnessError",
     "HarnessEvent",
     "HarnessProcess",
+    "HarnessSession",
     "HarnessStartError",
+    "Launch",
     "Lifecycle",
     "Liveness",
     "MCPBridge",

@@ -399,22 +399,22 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
         from gym_harness.process import HarnessProcess, hold_keeper
 
-        config = self.harness.launch(
+        launch = self.harness.launch(
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
+        config = launch.config
         if not self._keeper_held:  # one keeper for all episodes, not one per reset
             hold_keeper()
             self._keeper_held = True
         self._proc = HarnessProcess(config.process_spec())
         signs_of_life = tuple(s for s in (self._bridge, self._proxy) if s is not None)
         self._runner = TurnRunner(
-            self.harness,
+            launch.session,
             self._proc,
             config.turn_limits(),
             self._bridge,
             self._emit,
             signs_of_life,
-            ctx.tool_names,
         )
         try:
             self._proc.start()

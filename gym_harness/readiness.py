@@ -13,9 +13,9 @@ import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gym_harness.config import HarnessConfig, TurnLimits
+from gym_harness.config import TurnLimits
 from gym_harness.errors import HarnessStartError
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 from gym_harness.turn import STDERR_SUFFIX, TurnRunner
 
@@ -71,16 +71,11 @@ def start_ready(
     )
 
 
-class _ReadyLine(Harness):
-    """The adapter of a bare process: a line is ready or it is not; nothing else is said."""
-
-    name = "ready-line"
+class _ReadyLine(HarnessSession):
+    """The session of a bare process: a line is ready or it is not; nothing else is said."""
 
     def __init__(self, ready: Callable[[str], bool]) -> None:
         self.ready = ready
-
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        return config  # never launched: the process is spawned by the caller
 
     def message_lines(self, text: str) -> list[str]:
         return [text]

@@ -1,8 +1,8 @@
 """TurnRunner: drive one harness process through startup and turns, under deadlines.
 
 The runner owns the loop that reads the harness's output lines, hands each to
-the adapter (``Harness.feed``), writes the adapter's replies back, and ends a
-turn on ``turn_complete``, an adapter-reported error, the end of the harness
+the episode's session (``HarnessSession.feed``), writes its replies back, and ends
+a turn on ``turn_complete``, an adapter-reported error, the end of the harness
 (its output closed, or the process we started exited: a descendant that still
 holds stdout does not keep it alive), or a deadline (turn, idle, episode). It
 runs in the caller's thread.
@@ -12,8 +12,8 @@ The fault boundary
 This module is the one place where harness, bridge and proxy faults become
 outcomes, the way httpx maps transport errors at one boundary
 (``map_httpcore_exceptions``). Every call the runner makes into the process
-(write, read, liveness), the adapter (``startup_lines``, ``message_lines``,
-``feed``, ``interrupt_lines``), the bridge and the model proxy runs inside
+(write, read, liveness), the session (``startup_lines``, ``message_lines``, ``feed``,
+``interrupt_lines``, ``missing_tools``), the bridge and the model proxy runs inside
 ``TurnRunner._faults``, which turns what it catches into ``TurnEnded(outcome,
 message)``; ``startup`` and ``run`` catch that once and return the outcome::
 
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, NoReturn
 from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
 from gym_harness.events import EventType, HarnessEvent, TurnResult
-from gym_harness.harnesses.base import Feed, Harness
+from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
@@ -97,28 +97,25 @@ class TurnRunner:
     """Runs the startup handshake and the turns of one harness process.
 
     Args:
-        harness: The adapter (already ``launch``-ed for this episode).
+        session: The episode's adapter session (from ``Harness.launch``).
         proc: The started harness process; its output counts as a sign of life.
         limits: The deadlines (``HarnessConfig.turn_limits()``).
         bridge: The env's MCP bridge (its failure ends the turn; the tool check).
         emit: Called with every event as soon as it is parsed; must not raise.
         liveness: Other sources of signs of life besides ``proc``: the bridge (tool
             calls), the model proxy (model traffic).
-        tool_names: The env tools served this episode (for the bridge tool check).
     """
 
     def __init__(
         self,
-        harness: Harness,
+        session: HarnessSession,
         proc: HarnessProcess,
         limits: TurnLimits,
         bridge: MCPBridge | None,
         emit: Callable[[HarnessEvent], None],
         liveness: Sequence[Liveness] = (),
-        tool_names: tuple[str, ...] = (),
     ) -> None:
-        self.harness = harness
-        self._unconfirmed = tool_names if harness.confirm_tools_via_bridge else ()
+        self.session = session
         self.proc = proc
         self.limits = limits
         self.sources: tuple[Liveness, ...] = (proc, *liveness)
@@ -148,9 +145,9 @@ class TurnRunner:
         deadline = time.monotonic() + self.limits.startup_timeout_s
         try:
             with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's startup_lines()"):
-                lines = self.harness.startup_lines()
+                lines = self.session.startup_lines()
             self._write(lines, deadline, "during startup")
-            if self.harness.ready_on_spawn:
+            if self.session.ready_at_spawn:
                 return Outcome.OK, ""
             watch = _Liveness(self)
             while True:
@@ -192,7 +189,7 @@ class TurnRunner:
                 return self._timed_out(Outcome.EPISODE_TIMEOUT, events)
             self._check_bridge()
             with self._messaging:
-                lines = self.harness.message_lines(message)
+                lines = self.session.message_lines(message)
             self._write(lines, write_by, "mid-turn")
             watch = _Liveness(self, bridge_checked=True)
             deadline = start  # the nearest deadline; recomputed only when reached
@@ -275,7 +272,7 @@ class TurnRunner:
     def _take(self, line: str, events: list[HarnessEvent], write_by: float) -> Feed:
         # The boundary of ``self._feeding``, spelled out: this runs for every line.
         try:
-            feed = self.harness.feed(line)
+            feed = self.session.feed(line)
             if feed.error_type:
                 Outcome(feed.error_type)  # an adapter's unknown outcome name is its own fault
         except TurnEnded:
@@ -304,18 +301,14 @@ class TurnRunner:
     # ----------------------------------------------------------------- internals
 
     def _missing_tools(self) -> str:
-        """After a turn: "" once the harness has listed the env tools over MCP, else why not."""
-        if not self._unconfirmed:  # confirmed once (or nothing to confirm): the common case
-            return ""
+        """After a turn: the session's tool check, "" when the env tools are loaded."""
+        with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's missing_tools()"):
+            return self.session.missing_tools(self._tools_listed)
+
+    def _tools_listed(self) -> bool:
+        """Whether the harness has listed the env tools over MCP (asked of the bridge)."""
         with self._faults(Outcome.BRIDGE_FAILED, "asking the bridge for the tool listing"):
-            listed = self.bridge is not None and self.bridge.tools_listed
-        if not self._unconfirmed or listed:
-            self._unconfirmed = ()
-            return ""
-        return (
-            f"the harness never listed the env tools {list(self._unconfirmed)} over MCP "
-            "during its first turn: its MCP server configuration was dropped or broken"
-        )
+            return self.bridge is not None and self.bridge.tools_listed
 
     def _nearest(
         self, start: float, turn_deadline: float, episode_deadline: float | None
@@ -346,7 +339,7 @@ class TurnRunner:
         grace = time.monotonic() + self.limits.interrupt_grace_s
         with contextlib.suppress(TurnEnded):
             with self._faults(Outcome.PROTOCOL_ERROR, "the adapter's interrupt_lines()"):
-                interrupt = self.harness.interrupt_lines()
+                interrupt = self.session.interrupt_lines()
             if interrupt:
                 self._write(interrupt, grace, "while interrupting")
                 while (remaining := grace - time.monotonic()) > 0:

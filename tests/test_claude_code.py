@@ -32,7 +32,7 @@ from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
-from gym_harness.harnesses.claude_code import ClaudeCodeHarness
+from gym_harness.harnesses.claude_code import ClaudeCodeHarness, ClaudeCodeSession
 
 make_ctx = functools.partial(episode_ctx, tool_names=("add", "echo"))
 
@@ -42,7 +42,7 @@ make_ctx = functools.partial(episode_ctx, tool_names=("add", "echo"))
 
 def test_launch_keeps_the_token_off_argv_in_a_private_file(tmp_path: Path) -> None:
     harness = ClaudeCodeHarness(executable="claude", model="m1")
-    config = harness.launch(make_ctx(tmp_path), HarnessConfig())
+    config = harness.launch(make_ctx(tmp_path), HarnessConfig()).config
     assert not any(TOKEN in arg for arg in config.command)
     assert not any(TOKEN in value for value in config.env.values())
     mcp_file = Path(config.command[config.command.index("--mcp-config") + 1])
@@ -67,7 +67,7 @@ def test_launch_env_is_private_and_quiet(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     ctx = make_ctx(tmp_path)
     inherit = (*HarnessConfig().inherit_env, "CLAUDECODE", "CLAUDE_CODE_ENTRYPOINT")
-    config = ClaudeCodeHarness().launch(ctx, HarnessConfig(inherit_env=inherit))
+    config = ClaudeCodeHarness().launch(ctx, HarnessConfig(inherit_env=inherit)).config
     assert config.env["HOME"] == str(ctx.home)
     assert config.env["CLAUDE_CONFIG_DIR"] == str(ctx.home / ".claude")
     for name in ("DISABLE_TELEMETRY", "DISABLE_AUTOUPDATER", "DISABLE_ERROR_REPORTING"):
@@ -86,7 +86,7 @@ def test_launch_uses_the_capture_proxy_instead_of_the_provider(
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "user-token")
     ctx = make_ctx(tmp_path, model_base_url="http://127.0.0.1:7/", model_api_key="proxy-key")
     harness = ClaudeCodeHarness(base_url="http://127.0.0.1:8/")
-    config = harness.launch(ctx, HarnessConfig())
+    config = harness.launch(ctx, HarnessConfig()).config
     assert config.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:7/"
     assert config.env["ANTHROPIC_API_KEY"] == "proxy-key"
     assert "ANTHROPIC_AUTH_TOKEN" not in config.inherit_env
@@ -94,15 +94,24 @@ def test_launch_uses_the_capture_proxy_instead_of_the_provider(
 
 
 def test_builtin_tools_off_and_selected(tmp_path: Path) -> None:
-    off = ClaudeCodeHarness(builtin_tools=False).launch(make_ctx(tmp_path), HarnessConfig())
+    off = ClaudeCodeHarness(builtin_tools=False).launch(make_ctx(tmp_path), HarnessConfig()).config
     assert off.command[off.command.index("--tools") + 1] == ""
-    some = ClaudeCodeHarness(builtin_tools=["Read", "Bash"]).launch(
-        make_ctx(tmp_path), HarnessConfig()
+    some = (
+        ClaudeCodeHarness(builtin_tools=["Read", "Bash"])
+        .launch(make_ctx(tmp_path), HarnessConfig())
+        .config
     )
     assert some.command[some.command.index("--tools") + 1] == "Read,Bash"
 
 
 # ---------------------------------------------------------------- offline: feed
+
+
+def new_session(tmp_path: Path) -> ClaudeCodeSession:
+    """A fresh episode's session, as ``launch`` makes it."""
+    launched = ClaudeCodeHarness().launch(make_ctx(tmp_path), HarnessConfig()).session
+    assert isinstance(launched, ClaudeCodeSession) and launched.ready_at_spawn
+    return launched
 
 
 def init_line(tools: list[str], status: str = "connected") -> str:
@@ -118,11 +127,10 @@ def init_line(tools: list[str], status: str = "connected") -> str:
 
 
 def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
-    harness = ClaudeCodeHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
-    assert harness.feed(init_line(["mcp__env__add", "mcp__env__echo"])).error_type == ""
-    assert harness.session_id == "s1"
-    call = harness.feed(
+    session = new_session(tmp_path)
+    assert session.feed(init_line(["mcp__env__add", "mcp__env__echo"])).error_type == ""
+    assert session.session_id == "s1"
+    call = session.feed(
         json.dumps(
             {
                 "type": "assistant",
@@ -143,7 +151,7 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
     assert [e.type for e in call.events] == [EventType.TEXT, EventType.TOOL_CALL]
     assert call.events[1].data["name"] == "add"
     assert call.events[1].data["arguments"] == {"a": 1}
-    result = harness.feed(
+    result = session.feed(
         json.dumps(
             {
                 "type": "user",
@@ -155,7 +163,7 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
     )
     assert result.events[0].type is EventType.TOOL_RESULT
     assert result.events[0].data == {"name": "add", "content": "2", "is_error": False, "id": "t1"}
-    end = harness.feed(
+    end = session.feed(
         json.dumps(
             {
                 "type": "result",
@@ -172,35 +180,35 @@ def test_feed_maps_a_turn_to_events(tmp_path: Path) -> None:
 
 
 def test_feed_reports_missing_env_tools_as_startup_failed(tmp_path: Path) -> None:
-    harness = ClaudeCodeHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
-    feed = harness.feed(init_line([], status="failed"))
+    session = new_session(tmp_path)
+    feed = session.feed(init_line([], status="failed"))
     assert feed.error_type == "startup_failed"
     assert "add" in feed.error and "echo" in feed.error and "failed" in feed.error
 
 
 def test_feed_error_result_is_an_outcome(tmp_path: Path) -> None:
-    harness = ClaudeCodeHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    session = new_session(tmp_path)
     line = {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500"}
-    feed = harness.feed(json.dumps(line))
+    feed = session.feed(json.dumps(line))
     assert feed.turn_complete
     assert feed.error_type == "harness_error"
     assert "API Error: 500" in feed.error
 
 
 def test_feed_non_json_is_a_protocol_error(tmp_path: Path) -> None:
-    harness = ClaudeCodeHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
-    assert harness.feed("not json").error_type == "protocol_error"
-    assert harness.feed("").error_type == ""
+    session = new_session(tmp_path)
+    assert session.feed("not json").error_type == "protocol_error"
+    assert session.feed("").error_type == ""
 
 
-def test_interrupt_line_is_a_control_request() -> None:
-    (line,) = ClaudeCodeHarness().interrupt_lines()
-    obj = json.loads(line)
-    assert obj["type"] == "control_request"
-    assert obj["request"] == {"subtype": "interrupt"}
+def test_interrupt_line_is_a_control_request(tmp_path: Path) -> None:
+    session = new_session(tmp_path)
+    first, second = (
+        json.loads(line) for line in [*session.interrupt_lines(), *session.interrupt_lines()]
+    )
+    assert first["type"] == "control_request"
+    assert first["request"] == {"subtype": "interrupt"}
+    assert first["request_id"] != second["request_id"]
 
 
 # ---------------------------------------------------------------- the real CLI

@@ -33,8 +33,9 @@ from support.model_server import ScriptedModelServer
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType
-from gym_harness.harnesses.base import EpisodeContext
-from gym_harness.harnesses.codex import _NATIVE, CodexHarness, native_codex
+from gym_harness.harnesses.base import EpisodeContext, Launch
+from gym_harness.harnesses.codex import CodexHarness, CodexSession, native_codex
+from gym_harness.harnesses.codex_config import _NATIVE
 
 # ---------------------------------------------------------------- offline
 
@@ -44,7 +45,7 @@ def test_launch_writes_a_private_quiet_config(tmp_path: Path) -> None:
     harness = CodexHarness(
         executable="codex", model="local-model", base_url="http://127.0.0.1:5/v1"
     )
-    config = harness.launch(ctx, HarnessConfig())
+    config = harness.launch(ctx, HarnessConfig()).config
     assert config.command == ("codex", "app-server")
     assert not any(TOKEN in arg for arg in config.command)
     codex_home = Path(config.env["CODEX_HOME"])
@@ -67,67 +68,71 @@ def test_launch_writes_a_private_quiet_config(tmp_path: Path) -> None:
 
 
 def test_known_model_gets_no_catalog(tmp_path: Path) -> None:
-    config = CodexHarness(model="gpt-5.5").launch(make_ctx(tmp_path), HarnessConfig())
+    config = CodexHarness(model="gpt-5.5").launch(make_ctx(tmp_path), HarnessConfig()).config
     doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
     assert "model_catalog_json" not in doc
 
 
 def test_capture_proxy_replaces_provider(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, model_base_url="http://127.0.0.1:7", model_api_key="proxy-key")
-    config = CodexHarness(base_url="http://127.0.0.1:5/v1").launch(ctx, HarnessConfig())
+    config = CodexHarness(base_url="http://127.0.0.1:5/v1").launch(ctx, HarnessConfig()).config
     doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
     provider = doc["model_providers"][doc["model_provider"]]
     assert provider["base_url"] == "http://127.0.0.1:7/v1"
     assert config.env[provider["env_key"]] == "proxy-key"
 
 
-def handshake(harness: CodexHarness, tools: dict[str, Any]) -> list[Any]:
+def new_session(tmp_path: Path, **ctx: Any) -> CodexSession:
+    """A fresh episode's session, as ``launch`` makes it."""
+    launched = CodexHarness().launch(make_ctx(tmp_path, **ctx), HarnessConfig()).session
+    assert isinstance(launched, CodexSession)
+    return launched
+
+
+def handshake(session: CodexSession, tools: dict[str, Any]) -> list[Any]:
     """Run the startup handshake with scripted server lines; return every Feed."""
     feeds = []
-    (init,) = harness.startup_lines()
+    (init,) = session.startup_lines()
     assert json.loads(init)["method"] == "initialize"
-    feeds.append(harness.feed(json.dumps({"id": 1, "result": {}})))
+    feeds.append(session.feed(json.dumps({"id": 1, "result": {}})))
     initialized, start = (json.loads(r) for r in feeds[-1].replies)
     assert initialized["method"] == "initialized"
     assert start["method"] == "thread/start"
     server = start["params"]["config"]["mcp_servers"]["env"]
     assert server["bearer_token_env_var"] and TOKEN not in json.dumps(start)
     assert server["default_tools_approval_mode"] == "approve"
-    feeds.append(harness.feed(json.dumps({"id": start["id"], "result": {"thread": {"id": "t1"}}})))
+    feeds.append(session.feed(json.dumps({"id": start["id"], "result": {"thread": {"id": "t1"}}})))
     status = {"name": "env", "status": "ready", "threadId": "t1"}
     feeds.append(
-        harness.feed(json.dumps({"method": "mcpServer/startupStatus/updated", "params": status}))
+        session.feed(json.dumps({"method": "mcpServer/startupStatus/updated", "params": status}))
     )
     (listing,) = (json.loads(r) for r in feeds[-1].replies)
     assert listing["method"] == "mcpServerStatus/list"
     result = {"data": [{"name": "env", "tools": tools}]}
-    feeds.append(harness.feed(json.dumps({"id": listing["id"], "result": result})))
+    feeds.append(session.feed(json.dumps({"id": listing["id"], "result": result})))
     return feeds
 
 
 def test_handshake_ready_when_env_tools_listed(tmp_path: Path) -> None:
-    harness = CodexHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
-    feeds = handshake(harness, {"add": {"name": "add"}})
+    session = new_session(tmp_path)
+    feeds = handshake(session, {"add": {"name": "add"}})
     assert feeds[-1].ready and not feeds[-1].error_type
-    assert harness.thread_id == "t1"
+    assert session.thread_id == "t1"
 
 
 def test_handshake_missing_tool_is_startup_failed(tmp_path: Path) -> None:
-    harness = CodexHarness()
-    harness.launch(make_ctx(tmp_path, tool_names=("add", "echo")), HarnessConfig())
-    feeds = handshake(harness, {"add": {"name": "add"}})
+    session = new_session(tmp_path, tool_names=("add", "echo"))
+    feeds = handshake(session, {"add": {"name": "add"}})
     assert feeds[-1].error_type == "startup_failed"
     assert "echo" in feeds[-1].error
 
 
 def test_turn_maps_items_and_ends_on_turn_completed(tmp_path: Path) -> None:
-    harness = CodexHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
-    handshake(harness, {"add": {}})
-    (start,) = (json.loads(line) for line in harness.message_lines("hi"))
+    session = new_session(tmp_path)
+    handshake(session, {"add": {}})
+    (start,) = (json.loads(line) for line in session.message_lines("hi"))
     assert start["method"] == "turn/start" and start["params"]["threadId"] == "t1"
-    harness.feed(json.dumps({"id": start["id"], "result": {"turn": {"id": "u1"}}}))
+    session.feed(json.dumps({"id": start["id"], "result": {"turn": {"id": "u1"}}}))
     call = {
         "type": "mcpToolCall",
         "id": "c1",
@@ -135,49 +140,47 @@ def test_turn_maps_items_and_ends_on_turn_completed(tmp_path: Path) -> None:
         "tool": "add",
         "arguments": {"a": 1},
     }
-    started = harness.feed(json.dumps({"method": "item/started", "params": {"item": call}}))
+    started = session.feed(json.dumps({"method": "item/started", "params": {"item": call}}))
     assert started.events[0].type is EventType.TOOL_CALL
     assert started.events[0].data["name"] == "add"
     done = {**call, "status": "completed", "result": {"content": [{"type": "text", "text": "2"}]}}
-    completed = harness.feed(json.dumps({"method": "item/completed", "params": {"item": done}}))
+    completed = session.feed(json.dumps({"method": "item/completed", "params": {"item": done}}))
     assert completed.events[0].type is EventType.TOOL_RESULT
     assert completed.events[0].data["content"] == "2"
     message = {"type": "agentMessage", "id": "m1", "text": "the sum is 2"}
-    harness.feed(json.dumps({"method": "item/completed", "params": {"item": message}}))
+    session.feed(json.dumps({"method": "item/completed", "params": {"item": message}}))
     usage = {"tokenUsage": {"last": {"inputTokens": 5, "outputTokens": 2}}}
-    used = harness.feed(json.dumps({"method": "thread/tokenUsage/updated", "params": usage}))
+    used = session.feed(json.dumps({"method": "thread/tokenUsage/updated", "params": usage}))
     assert used.events[0].type is EventType.LLM_USAGE
     assert used.events[0].data["input_tokens"] == 5
-    (interrupt,) = (json.loads(line) for line in harness.interrupt_lines())
+    (interrupt,) = (json.loads(line) for line in session.interrupt_lines())
     assert interrupt["method"] == "turn/interrupt"
     assert interrupt["params"] == {"threadId": "t1", "turnId": "u1"}
     turn = {"id": "u1", "status": "completed", "items": []}
-    end = harness.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
+    end = session.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
     assert end.turn_complete and end.response == "the sum is 2"
 
 
 def test_failed_turn_is_an_outcome(tmp_path: Path) -> None:
-    harness = CodexHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    session = new_session(tmp_path)
     turn = {"id": "u1", "status": "failed", "items": [], "error": {"message": "boom"}}
-    end = harness.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
+    end = session.feed(json.dumps({"method": "turn/completed", "params": {"turn": turn}}))
     assert end.turn_complete and end.error_type == "harness_error" and "boom" in end.error
 
 
 def test_approval_requests_are_answered(tmp_path: Path) -> None:
-    harness = CodexHarness()
-    harness.launch(make_ctx(tmp_path), HarnessConfig())
+    session = new_session(tmp_path)
     cmd = {"id": 7, "method": "item/commandExecution/requestApproval", "params": {}}
-    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(cmd)).replies)
+    (reply,) = (json.loads(r) for r in session.feed(json.dumps(cmd)).replies)
     assert reply["id"] == 7 and reply["result"] == {"decision": "decline"}
     ours = {"id": 8, "method": "mcpServer/elicitation/request", "params": {"serverName": "env"}}
-    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(ours)).replies)
+    (reply,) = (json.loads(r) for r in session.feed(json.dumps(ours)).replies)
     assert reply["result"]["action"] == "accept"
     other = {"id": 9, "method": "mcpServer/elicitation/request", "params": {"serverName": "x"}}
-    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(other)).replies)
+    (reply,) = (json.loads(r) for r in session.feed(json.dumps(other)).replies)
     assert reply["result"]["action"] == "decline"
     unknown = {"id": 10, "method": "something/new", "params": {}}
-    (reply,) = (json.loads(r) for r in harness.feed(json.dumps(unknown)).replies)
+    (reply,) = (json.loads(r) for r in session.feed(json.dumps(unknown)).replies)
     assert reply["error"]["code"] == -32601
 
 
@@ -246,7 +249,9 @@ def test_the_native_binary_is_started_when_found(tmp_path: Path) -> None:
     launcher.write_text("#!/usr/bin/env node\n")
     launcher.chmod(0o755)
     assert native_codex(str(launcher)) is None  # no platform package yet: the launcher runs
-    config = CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig())
+    config = (
+        CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig()).config
+    )
     assert config.command[0] == str(launcher)
     key = (sys.platform, platform.machine())
     if key not in _NATIVE:
@@ -257,11 +262,13 @@ def test_the_native_binary_is_started_when_found(tmp_path: Path) -> None:
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     assert native_codex(str(launcher)) == (str(binary), str(package))
-    config = CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig())
+    config = (
+        CodexHarness(executable=str(launcher)).launch(make_ctx(tmp_path), HarnessConfig()).config
+    )
     assert config.command == (str(binary), "app-server")
     assert config.env["CODEX_MANAGED_PACKAGE_ROOT"] == str(package)
     off = CodexHarness(executable=str(launcher), native=False)
-    assert off.launch(make_ctx(tmp_path), HarnessConfig()).command[0] == str(launcher)
+    assert off.launch(make_ctx(tmp_path), HarnessConfig()).config.command[0] == str(launcher)
     assert native_codex(str(binary)) is None  # already native
 
 
@@ -276,9 +283,10 @@ class WrongTokenCodex(CodexHarness):
     def mcp_server_entry(self, ctx: EpisodeContext) -> dict[str, Any]:
         return {**super().mcp_server_entry(ctx), "bearer_token_env_var": "WRONG_TOKEN"}
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        config = super().launch(ctx, config)
-        return config.replace(env={**config.env, "WRONG_TOKEN": "wrong"})
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        launch = super().launch(ctx, config)
+        env = {**launch.config.env, "WRONG_TOKEN": "wrong"}
+        return Launch(launch.config.replace(env=env), launch.session)
 
 
 @real_cli(timeout=90)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import pytest
 from support.process import is_ready, spec
 
-from gym_harness import HarnessConfig, Lifecycle, Liveness, TurnLimits
+from gym_harness import Lifecycle, Liveness, TurnLimits
 from gym_harness.bridge import MCPBridge
 from gym_harness.capture import ModelProxy
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 from gym_harness.process import HarnessProcess
 from gym_harness.readiness import start_ready
@@ -47,13 +47,8 @@ def test_each_part_ends_stopped_and_says_so() -> None:
     assert proxy.state is Lifecycle.STOPPED
 
 
-class _Silent(Harness):
+class _Silent(HarnessSession):
     """Sends each message as a line and never ends a turn: only a deadline does."""
-
-    name = "silent"
-
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        return config
 
     def message_lines(self, text: str) -> list[str]:
         return [text]

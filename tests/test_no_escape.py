@@ -23,12 +23,16 @@ from support import HOSTILE_SCRIPT
 from gym_harness import (
     CallbackError,
     CommandHarness,
+    EpisodeContext,
+    HarnessConfig,
     HarnessEvent,
+    Launch,
     Outcome,
     ProtocolError,
     RewardContext,
 )
 from gym_harness.harnesses import Feed
+from gym_harness.harnesses.line import CommandSession
 
 HOSTILE = str(HOSTILE_SCRIPT)
 
@@ -83,13 +87,20 @@ def test_a_cut_line_is_a_protocol_error_naming_max_line_bytes() -> None:
         env.close()
 
 
-class StrictDialect(CommandHarness):
-    """A custom adapter that refuses a reply its dialect does not allow."""
+class StrictSession(CommandSession):
+    """A custom dialect's session that refuses a reply its dialect does not allow."""
 
     def feed(self, line: str) -> Feed:
         if "echo: forbidden" in line:
             raise ProtocolError("this dialect never replies 'forbidden'")
         return super().feed(line)
+
+
+class StrictDialect(CommandHarness):
+    """A custom adapter: the line protocol's launch, with a stricter session."""
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        return Launch(super().launch(ctx, config).config, StrictSession())
 
 
 def test_an_adapter_raising_protocol_error_is_a_protocol_error_without_a_traceback(
@@ -181,11 +192,18 @@ def test_an_action_the_harness_never_reads_is_a_turn_timeout() -> None:
         env.close()
 
 
-class BigInterrupt(CommandHarness):
-    """A dialect whose interrupt is larger than the pipe buffer."""
+class BigInterruptSession(CommandSession):
+    """A dialect's session whose interrupt is larger than the pipe buffer."""
 
     def interrupt_lines(self) -> list[str]:
         return ["x" * (4 << 20)]
+
+
+class BigInterrupt(CommandHarness):
+    """The line protocol's launch, with that session."""
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        return Launch(super().launch(ctx, config).config, BigInterruptSession())
 
 
 def test_a_blocked_interrupt_is_a_turn_timeout() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gym_harness._lines import LineSplitter
 from gym_harness.events import EventType
-from gym_harness.harnesses.line import CommandHarness
+from gym_harness.harnesses.line import CommandSession
 
 LIMIT = 16
 
@@ -59,7 +59,7 @@ def test_a_line_that_is_not_a_json_object_is_a_protocol_error(line: str) -> None
         obj = json.loads(line)
     except ValueError:
         obj = None
-    feed = CommandHarness().feed(line)
+    feed = CommandSession().feed(line)
     if isinstance(obj, dict) and isinstance(obj.get("type"), str):
         assert feed.error_type == ""
     else:
@@ -71,7 +71,7 @@ def test_a_line_that_is_not_a_json_object_is_a_protocol_error(line: str) -> None
     st.dictionaries(st.sampled_from(["text", "name", "value", "n"]), st.integers() | st.text()),
 )
 def test_every_typed_object_becomes_one_event(kind: str, fields: dict[str, object]) -> None:
-    feed = CommandHarness().feed(json.dumps({**fields, "type": kind}))
+    feed = CommandSession().feed(json.dumps({**fields, "type": kind}))
     (event,) = feed.events
     assert not feed.turn_complete and not feed.error_type
     if event.type is EventType.OTHER:
@@ -84,5 +84,5 @@ def test_every_typed_object_becomes_one_event(kind: str, fields: dict[str, objec
 @given(st.text(), st.booleans())
 def test_turn_complete_carries_response_and_done(response: str, done: bool) -> None:
     line = json.dumps({"type": "turn_complete", "response": response, "done": done})
-    feed = CommandHarness().feed(line)
+    feed = CommandSession().feed(line)
     assert (feed.turn_complete, feed.response, feed.done) == (True, response, done)

@@ -13,9 +13,18 @@ from typing import Any
 from gym_harness._imports import import_attr
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 
-__all__ = ["HARNESSES", "EpisodeContext", "Feed", "Harness", "harness_class", "make_harness"]
+__all__ = [
+    "HARNESSES",
+    "EpisodeContext",
+    "Feed",
+    "Harness",
+    "HarnessSession",
+    "Launch",
+    "harness_class",
+    "make_harness",
+]
 
 #: Registered harness names and where their classes live.
 HARNESSES: dict[str, str] = {

@@ -13,7 +13,8 @@ agents) needs the same few things:
 * ``json_line`` / ``parse_object``: one JSON object per line, both ways (parsing
   through the one bounded parser, ``gym_harness._json``); ``not_json`` is the
   ``protocol_error`` for a line that is not one, naming the bound it broke.
-* ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed.
+* ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed;
+  ``tools_not_loaded``: the message of a harness that did not load the env tools.
 * ``content_text``: the text of a tool result's or a message's content, in any
   of the dialects' shapes; ``usage_data``: camelCase usage counters (Codex, ACP)
   under the ``llm_usage`` names.
@@ -37,7 +38,7 @@ from gym_harness import _json
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
-from gym_harness.harnesses.base import Feed
+from gym_harness.harnesses.base import EpisodeContext, Feed
 from gym_harness.outcome import Outcome
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "require_key",
     "scrub_inherit",
     "toml_document",
+    "tools_not_loaded",
     "turn_failed",
     "usage_data",
     "write_private",
@@ -233,6 +235,22 @@ def turn_failed(
         response=response,
         error_type=kind,
         error=error,
+    )
+
+
+def tools_not_loaded(who: str, ctx: EpisodeContext, missing: Sequence[str], why: str) -> str:
+    """The ``startup_failed`` message of a harness that did not load the env tools.
+
+    Args:
+        who: The harness as the message names it ("Codex").
+        ctx: The episode (its server name and env tools).
+        missing: The env tools it lacks; empty means all of them.
+        why: What the harness (or the bridge) said.
+    """
+    return (
+        f"{who} did not load the env tools {list(missing or ctx.tool_names)} from MCP server "
+        f"{ctx.server_name!r}: {why}. Check the bridge URL and token, and that nothing "
+        "blocks 127.0.0.1."
     )
 
 

@@ -17,16 +17,17 @@ get a JSON-RPC "method not found" error (the client advertises neither).
 
 ACP has no standard way to list an agent's tools, and OpenCode 1.18, Qwen Code
 0.15 and Gemini CLI 0.61 show none on stdout (OpenCode drops a failing
-ACP-given MCP server silently). The adapter therefore cannot confirm the env
-tools before the first call; the presets in ``acp_presets`` make the wiring
-deterministic per agent instead.
+ACP-given MCP server silently). The session therefore cannot confirm the env
+tools during startup: ``ACPSession.missing_tools`` fails the first turn as
+``startup_failed`` unless the bridge saw the agent list them by its end, and the
+presets in ``acp_presets`` make the wiring deterministic per agent.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from gym_harness import _json
@@ -39,13 +40,14 @@ from gym_harness.harnesses._common import (
     not_json,
     parse_object,
     private_home_env,
+    tools_not_loaded,
     turn_failed,
     usage_data,
 )
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.outcome import Outcome
 
-__all__ = ["PROTOCOL_VERSION", "ACPHarness"]
+__all__ = ["PROTOCOL_VERSION", "ACPHarness", "ACPSession"]
 
 _NO_COMMAND = (
     "ACPHarness needs the agent's argv: ACPHarness(command=[...]), "
@@ -73,8 +75,6 @@ class ACPHarness(Harness):
     """
 
     name: ClassVar[str] = "acp"
-    #: ACP has no tool listing: the env checks the agent listed the env tools on the bridge.
-    confirm_tools_via_bridge: ClassVar[bool] = True
     #: Whether ``session/new`` carries the env MCP server (some agents read it from a file).
     mcp_via_session: ClassVar[bool] = True
 
@@ -88,17 +88,6 @@ class ACPHarness(Harness):
         self.command = tuple(command)
         self.env = dict(env or {})
         self.extra_args = tuple(extra_args)
-        self._reset_state(None)
-
-    def _reset_state(self, ctx: EpisodeContext | None) -> None:
-        self._ctx = ctx
-        self._ids = RpcIds()
-        self.session_id: str | None = None
-        self.agent_info: dict[str, Any] = {}
-        self._chunks: list[str] = []
-        self._calls: dict[str, dict[str, Any]] = {}  # toolCallId -> what we know of it
-
-    # ----------------------------------------------------------------- launch
 
     def check_config(self, config: HarnessConfig) -> None:
         """A generic ACP agent needs its argv (presets know theirs)."""
@@ -106,14 +95,14 @@ class ACPHarness(Harness):
         if generic and not (self.command or config.command):
             raise ConfigError(_NO_COMMAND)
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        """Reset per-episode state and return the agent's command and environment."""
-        self._reset_state(ctx)
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        """Return the agent's command and environment, and the episode's ``ACPSession``."""
         command = (*(self.agent_command(ctx) or config.command), *self.extra_args)
         if not command:
             raise ConfigError(_NO_COMMAND)
         env = {**private_home_env(ctx.home), **self.agent_env(ctx), **self.env, **config.env}
-        return config.replace(command=list(command), env=env)
+        session = ACPSession(ctx, self.mcp_servers(ctx))
+        return Launch(config.replace(command=list(command), env=env), session)
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         """The agent's argv before ``extra_args``; presets override it (and write files)."""
@@ -131,6 +120,36 @@ class ACPHarness(Harness):
         return [
             {"type": "http", "name": ctx.server_name, "url": ctx.bridge_url, "headers": [header]}
         ]
+
+
+class ACPSession(HarnessSession):
+    """One episode as the ACP client: ``initialize``, ``session/new``, prompts, permissions.
+
+    ACP shows no tool list, so the tool check asks the bridge (``missing_tools``).
+
+    Args:
+        ctx: The episode (workspace, env tools, MCP server name).
+        mcp_servers: The ``session/new`` ``mcpServers`` list (``ACPHarness.mcp_servers``).
+    """
+
+    def __init__(self, ctx: EpisodeContext, mcp_servers: Sequence[Mapping[str, Any]]) -> None:
+        self.ctx = ctx
+        self._mcp_servers = [dict(server) for server in mcp_servers]
+        self._ids = RpcIds()
+        self.session_id: str | None = None
+        self.agent_info: dict[str, Any] = {}
+        self._chunks: list[str] = []
+        self._calls: dict[str, dict[str, Any]] = {}  # toolCallId -> what we know of it
+        self._tools_confirmed = not ctx.tool_names
+
+    def missing_tools(self, listed: Callable[[], bool]) -> str:
+        """Until the bridge has seen the agent list the env tools: why the turn fails."""
+        if self._tools_confirmed or listed():
+            self._tools_confirmed = True
+            return ""
+        why = "it never listed them over MCP during its first turn (its MCP server "
+        why += "configuration was dropped or broken)"
+        return tools_not_loaded("The ACP agent", self.ctx, (), why)
 
     # ----------------------------------------------------------------- lines out
 
@@ -186,8 +205,7 @@ class ACPHarness(Harness):
             if error is not None:
                 return _failed(Outcome.STARTUP_FAILED, f"the ACP agent refused initialize: {error}")
             self.agent_info = dict((result or {}).get("agentInfo") or {})
-            assert self._ctx is not None
-            params = {"cwd": str(self._ctx.workspace), "mcpServers": self.mcp_servers(self._ctx)}
+            params = {"cwd": str(self.ctx.workspace), "mcpServers": self._mcp_servers}
             event = HarnessEvent(EventType.OTHER, {"kind": "initialize", "result": result})
             return Feed(events=[event], replies=[self._ids.request("session/new", params)])
         if method == "session/new":
@@ -241,7 +259,7 @@ class ACPHarness(Harness):
         call = self._remember(tool_call, permission=True)
         if env_tool:
             call["name"] = env_tool
-        elif self._ctx is not None and call["name"] in self._ctx.tool_names:
+        elif call["name"] in self.ctx.tool_names:
             env_tool = call["name"]  # named by the call's own update (codex-acp's "Approve Add")
         wanted = ("allow_always", "allow_once") if env_tool else ("reject_once", "reject_always")
         chosen = next((o for kind in wanted for o in options if o.get("kind") == kind), None)
@@ -268,14 +286,12 @@ class ACPHarness(Harness):
         (codex-acp); Qwen Code's permission title is the arguments, so its options
         (``"...: NAME"``) count too.
         """
-        if self._ctx is None:
-            return ""
-        server = re.escape(self._ctx.server_name)
+        server = re.escape(self.ctx.server_name)
         meta = tool_call.get("_meta") or {}
         texts = [str(tool_call.get("title") or "")]
         if isinstance(meta, dict):
             texts += [str(v) for k, v in meta.items() if k.lower().endswith("toolname")]
-        for name in self._ctx.tool_names:
+        for name in self.ctx.tool_names:
             tool = re.escape(name)
             patterns = (
                 rf"mcp__{server}__{tool}",
@@ -349,8 +365,8 @@ class ACPHarness(Harness):
         if not call["emitted"] and status in ("in_progress", "completed", "failed"):
             call["emitted"] = True
             data = {"name": call["name"], "arguments": call["arguments"], "id": call["id"]}
-            if self._ctx is not None and call["name"] in self._ctx.tool_names:
-                data["server"] = self._ctx.server_name
+            if call["name"] in self.ctx.tool_names:
+                data["server"] = self.ctx.server_name
             events.append(HarnessEvent(EventType.TOOL_CALL, data))
         if status in ("completed", "failed"):
             content = _tool_content(update)

@@ -1,29 +1,38 @@
-"""Harness: what one wire dialect supplies to the environment.
+"""Harness and HarnessSession: what one wire dialect supplies to the environment.
 
 An adapter is pure translation. It never spawns, never touches psutil or
 sockets; ``HarnessEnv`` owns the process (through ``HarnessProcess``) and the
-MCP bridge, and asks the adapter, once per episode:
+MCP bridge. An adapter comes in two parts, like fastmcp's ``NpxStdioTransport``
+(which only builds argv) beside the session that talks over it:
 
-1. ``launch(ctx, config)``: write any config files the harness reads (strictly
-   before it starts) and return the ``HarnessConfig`` to spawn (argv and
-   environment; secrets such as the bridge token go in the environment, never argv).
-2. ``startup_lines()``: lines to write right after spawning (a JSON-RPC
-   ``initialize``, say). Then every output line goes through ``feed`` until a
-   ``Feed`` says ``ready`` (or at once, when ``ready_on_spawn`` is true).
-3. per turn, ``message_lines(text)``; every output line through ``feed`` until a
-   ``Feed`` says ``turn_complete``. ``Feed.replies`` are written back at once
-   (JSON-RPC responses, permission answers, the next handshake request).
-4. on a timeout, ``interrupt_lines()`` (the dialect's way to stop a turn
-   without killing the process), before the env stops the process tree.
+* ``Harness``, the factory: options in, argv, environment and config files out.
+  It holds no per-episode state, so it pickles and travels to vector-env workers.
+* ``HarnessSession``, made fresh by the factory for each episode: the state of one
+  conversation with one process (request ids, session ids, readiness, the tool
+  check, the interrupt). The turn runner (``turn.py``) drives it.
 
-Adapters hold per-episode state (request ids, session ids); ``launch`` resets it.
-Adapter instances must pickle: they travel to vector-env workers.
+Once per episode the env:
+
+1. calls ``Harness.launch(ctx, config)``, which writes any config files the harness
+   reads (strictly before it starts) and returns a ``Launch``: the ``HarnessConfig``
+   to spawn (argv and environment; secrets such as the bridge token go in the
+   environment or a 0600 file, never argv) and the episode's ``HarnessSession``;
+2. spawns the process and writes ``session.startup_lines()`` (a JSON-RPC
+   ``initialize``, say); unless ``session.ready_at_spawn``, every output line then
+   goes through ``session.feed`` until a ``Feed`` says ``ready``;
+3. per turn, writes ``session.message_lines(text)`` and passes every output line to
+   ``session.feed`` until a ``Feed`` says ``turn_complete``. ``Feed.replies`` are
+   written back at once (JSON-RPC responses, permission answers, the next handshake
+   request). After each completed turn ``session.missing_tools(listed)`` may still
+   fail it as ``startup_failed`` (for harnesses that show no tool list of their own);
+4. on a timeout, writes ``session.interrupt_lines()`` (the dialect's way to stop a
+   turn without killing the process), before it stops the process tree.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -31,7 +40,7 @@ from typing import ClassVar
 from gym_harness.config import HarnessConfig
 from gym_harness.events import HarnessEvent
 
-__all__ = ["EpisodeContext", "Feed", "Harness"]
+__all__ = ["EpisodeContext", "Feed", "Harness", "HarnessSession", "Launch"]
 
 
 @dataclass(frozen=True)
@@ -91,23 +100,105 @@ class Feed:
     error: str = ""
 
 
+class HarnessSession(ABC):
+    """One episode's conversation with one harness process, in its wire dialect.
+
+    ``Harness.launch`` makes a fresh session per episode, with what it needs to
+    know of the episode (an ``EpisodeContext``, the handshake's parameters); the
+    session owns everything that lives as long as the process: JSON-RPC ids,
+    session and thread ids, readiness, the tool check, the interrupt. The turn
+    runner calls it from the env's thread only.
+    """
+
+    @property
+    def ready_at_spawn(self) -> bool:
+        """True when the harness takes a message as soon as it is spawned (no handshake)."""
+        return False
+
+    def startup_lines(self) -> list[str]:
+        """Lines to write right after the process is spawned."""
+        return []
+
+    @abstractmethod
+    def message_lines(self, text: str) -> list[str]:
+        """Lines that send ``text`` as the next user message."""
+
+    @abstractmethod
+    def feed(self, line: str) -> Feed:
+        """Interpret one line of the harness's stdout (without its newline).
+
+        Raises:
+            ProtocolError: The line breaks the dialect; the turn ends as
+                ``protocol_error`` with this error's message.
+        """
+
+    def interrupt_lines(self) -> list[str]:
+        """Lines that interrupt the running turn, where the dialect has a way."""
+        return []
+
+    def missing_tools(self, listed: Callable[[], bool]) -> str:
+        """After each completed turn: ``""``, or why the env tools are not loaded.
+
+        A harness that shows its tool list (Claude Code's ``init`` line, Codex's
+        ``mcpServerStatus/list``) is checked in ``feed``, and its session keeps this
+        default. One that shows none (ACP agents) asks the bridge instead: a non-empty
+        answer fails the turn as ``startup_failed``.
+
+        Args:
+            listed: Asks the env's bridge whether the harness has listed the env
+                tools over MCP (call it only when the answer matters).
+        """
+        return ""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``Harness.launch`` returns for one episode.
+
+    Args:
+        config: The config to spawn, with ``command`` and ``env`` filled in.
+        session: The episode's fresh session (not picklable, never leaves the env).
+    """
+
+    config: HarnessConfig
+    session: HarnessSession
+
+
 class Harness(ABC):
-    """One wire dialect: how to launch a harness and read what it says.
+    """One wire dialect's factory: options in, what to spawn and a session out.
 
     Subclasses set ``name`` and, where their harness has built-in tools whose
-    names env tools could shadow, ``builtin_tools``.
+    names env tools could shadow, ``builtin_tools``. An instance holds only its
+    options: it must pickle, as it travels to vector-env workers, and one
+    instance launches every episode of an env.
+
+    Example:
+        A dialect whose harness answers each message line with one reply line::
+
+            class UpperSession(HarnessSession):
+                @property
+                def ready_at_spawn(self) -> bool:
+                    return True
+
+                def message_lines(self, text: str) -> list[str]:
+                    return [text]
+
+                def feed(self, line: str) -> Feed:
+                    return Feed(turn_complete=True, response=line)
+
+            class UpperHarness(Harness):
+                name = "upper"
+
+                def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+                    return Launch(config.replace(command=["my-upper-agent"]), UpperSession())
+
+            env = HarnessEnv(UpperHarness(), tools=[add])
     """
 
     #: Short name, used in registration and episode records.
     name: ClassVar[str] = ""
     #: Tool names the harness already has; a clashing env tool is renamed.
     builtin_tools: ClassVar[frozenset[str]] = frozenset()
-    #: True when the harness can take a message as soon as it is spawned.
-    ready_on_spawn: ClassVar[bool] = False
-    #: True when the harness shows no tool list the adapter could check (ACP agents):
-    #: the env then requires the bridge to have seen the harness list the env tools
-    #: by the end of the first turn, else that turn fails as ``startup_failed``.
-    confirm_tools_via_bridge: ClassVar[bool] = False
 
     def default_config(self) -> HarnessConfig:
         """The config this harness runs with before the user's overrides."""
@@ -134,34 +225,14 @@ class Harness(ABC):
         return  # a line-protocol command needs no credentials of ours
 
     @abstractmethod
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        """Prepare an episode: write config files, reset state, return what to spawn.
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        """Prepare an episode: write config files, return what to spawn and a fresh session.
 
         Args:
             ctx: The episode being launched.
             config: The merged config (defaults, then the user's overrides).
 
         Returns:
-            The config to spawn, with ``command`` and ``env`` filled in.
+            The config to spawn (``command`` and ``env`` filled in) and the
+            episode's ``HarnessSession``.
         """
-
-    def startup_lines(self) -> list[str]:
-        """Lines to write right after the process is spawned."""
-        return []
-
-    @abstractmethod
-    def message_lines(self, text: str) -> list[str]:
-        """Lines that send ``text`` as the next user message."""
-
-    @abstractmethod
-    def feed(self, line: str) -> Feed:
-        """Interpret one line of the harness's stdout (without its newline).
-
-        Raises:
-            ProtocolError: The line breaks the dialect; the turn ends as
-                ``protocol_error`` with this error's message.
-        """
-
-    def interrupt_lines(self) -> list[str]:
-        """Lines that interrupt the running turn, where the dialect has a way."""
-        return []

@@ -33,13 +33,14 @@ from gym_harness.harnesses._common import (
     require_executable,
     require_key,
     scrub_inherit,
+    tools_not_loaded,
     turn_failed,
     write_private,
 )
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.outcome import Outcome
 
-__all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness"]
+__all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness", "ClaudeCodeSession"]
 
 #: Variables that stop Claude Code phoning home (telemetry, error reports, updates).
 TELEMETRY_OFF: dict[str, str] = {
@@ -83,7 +84,6 @@ class ClaudeCodeHarness(Harness):
     """
 
     name: ClassVar[str] = "claude_code"
-    ready_on_spawn: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -107,18 +107,6 @@ class ClaudeCodeHarness(Harness):
         self.allowed_tools = tuple(allowed_tools)
         self.permission_mode = permission_mode
         self.extra_args = tuple(extra_args)
-        self._reset_state((), "env", False)
-
-    def _reset_state(self, tool_names: Sequence[str], server: str, plain: bool) -> None:
-        self.session_id: str | None = None
-        self._tool_names = tuple(tool_names)
-        self._server = server
-        self._allow_plain_text = plain
-        self._checked = False
-        self._calls: dict[str, str] = {}  # tool_use id -> name, to label results
-        self._interrupts = 0
-
-    # ----------------------------------------------------------------- launch
 
     def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
         """``claude`` is found, and an API key is set unless the capture proxy gives one."""
@@ -139,9 +127,8 @@ class ClaudeCodeHarness(Harness):
             }
         }
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        """Write the private MCP config and return the ``claude -p`` command and environment."""
-        self._reset_state(ctx.tool_names, ctx.server_name, config.allow_plain_text)
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        """Write the private MCP config; return the ``claude -p`` command, env and session."""
         mcp_path = write_private(ctx.home / "mcp.json", json.dumps(self.mcp_config(ctx)))
         allowed = [f"mcp__{ctx.server_name}__{name}" for name in ctx.tool_names]
         allowed += self.allowed_tools
@@ -185,7 +172,30 @@ class ClaudeCodeHarness(Harness):
                 env["ANTHROPIC_API_KEY"] = os.environ[self.api_key_env]
         inherit = scrub_inherit(config.inherit_env, drop=drop, add=passthrough)
         # A user's explicit config.env wins; the nesting markers never pass through inheritance.
-        return config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+        config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+        return Launch(config, ClaudeCodeSession(ctx, plain_text=config.allow_plain_text))
+
+
+class ClaudeCodeSession(HarnessSession):
+    """One episode of ``claude -p``: ready at spawn, the tool check on the first ``init``.
+
+    Args:
+        ctx: The episode (its env tools and MCP server name).
+        plain_text: Take a line that is not JSON as reply text, not a protocol error.
+    """
+
+    def __init__(self, ctx: EpisodeContext, *, plain_text: bool = False) -> None:
+        self.ctx = ctx
+        self.session_id: str | None = None
+        self._plain_text = plain_text
+        self._checked = False
+        self._calls: dict[str, str] = {}  # tool_use id -> name, to label results
+        self._interrupts = 0
+
+    @property
+    def ready_at_spawn(self) -> bool:
+        """``claude -p`` prints nothing before the first message: ready at once."""
+        return True
 
     # ----------------------------------------------------------------- lines out
 
@@ -216,7 +226,7 @@ class ClaudeCodeHarness(Harness):
             return Feed()
         obj, why = parse_object(line)
         if obj is None:
-            if self._allow_plain_text:
+            if self._plain_text:
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
             return not_json("claude", line, why)
         kind = obj.get("type")
@@ -251,25 +261,22 @@ class ClaudeCodeHarness(Harness):
         return Feed(events=[event])
 
     def _tool_check(self, obj: dict[str, Any]) -> str:
+        server = self.ctx.server_name
         servers = {
             s.get("name"): s.get("status")
             for s in obj.get("mcp_servers", [])
             if isinstance(s, dict)
         }
         tools = set(obj.get("tools", []))
-        missing = [n for n in self._tool_names if f"mcp__{self._server}__{n}" not in tools]
-        status = servers.get(self._server)
+        missing = [n for n in self.ctx.tool_names if f"mcp__{server}__{n}" not in tools]
+        status = servers.get(server)
         if not missing and status == "connected":
             return ""
-        return (
-            f"Claude Code did not load the env tools: MCP server {self._server!r} is "
-            f"{status or 'absent'}; missing tools {missing or 'none'} "
-            f"(expected mcp__{self._server}__NAME for {list(self._tool_names)}). "
-            "Check the bridge URL and token, and that nothing blocks 127.0.0.1."
-        )
+        why = f"the server is {status or 'absent'} (expected tools named mcp__{server}__NAME)"
+        return tools_not_loaded("Claude Code", self.ctx, missing, why)
 
     def _short(self, name: str) -> str:
-        prefix = f"mcp__{self._server}__"
+        prefix = f"mcp__{self.ctx.server_name}__"
         return name[len(prefix) :] if name.startswith(prefix) else name
 
     def _assistant(self, obj: dict[str, Any]) -> list[HarnessEvent]:
@@ -287,7 +294,7 @@ class ClaudeCodeHarness(Harness):
                     "id": block.get("id"),
                 }
                 if full != data["name"]:
-                    data["server"] = self._server
+                    data["server"] = self.ctx.server_name
                 events.append(HarnessEvent(EventType.TOOL_CALL, data))
             else:
                 events.append(

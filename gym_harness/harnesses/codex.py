@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import shutil
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
@@ -44,20 +40,22 @@ from gym_harness.harnesses._common import (
     private_home_env,
     require_executable,
     require_key,
+    tools_not_loaded,
     turn_failed,
     usage_data,
     write_private,
 )
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.harnesses.codex_config import (
     DEFAULT_OPENAI_BASE,
     KNOWN_MODELS,
     catalog_entry,
     codex_config,
+    native_codex,
 )
 from gym_harness.outcome import Outcome
 
-__all__ = ["CodexHarness", "native_codex"]
+__all__ = ["CodexHarness", "CodexSession", "native_codex"]
 
 #: The variable holding the bridge token (named by the MCP entry's ``bearer_token_env_var``).
 TOKEN_VAR = "GYM_HARNESS_MCP_TOKEN"
@@ -69,13 +67,6 @@ _DECLINE: dict[str, Any] = {
     "applyPatchApproval": {"decision": "denied"},
     "item/permissions/requestApproval": {"permissions": {}, "scope": "turn"},
     "item/tool/requestUserInput": {"answers": {}},
-}
-#: (sys.platform, machine) -> the npm platform package and the target triple in it.
-_NATIVE = {
-    ("linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
-    ("linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
-    ("darwin", "x86_64"): ("codex-darwin-x64", "x86_64-apple-darwin"),
-    ("darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
 }
 #: Thread items that are tool calls, and the name an event gives them.
 _TOOL_ITEMS = {"commandExecution": "shell", "fileChange": "apply_patch", "webSearch": "web_search"}
@@ -132,19 +123,6 @@ class CodexHarness(Harness):
         )
         self.extra_config = dict(extra_config or {})
         self.extra_args = tuple(extra_args)
-        self._reset_state(None)
-
-    def _reset_state(self, ctx: EpisodeContext | None) -> None:
-        self._ctx = ctx
-        self._rpc = RpcIds()
-        self.thread_id: str | None = None
-        self.turn_id: str | None = None
-        self._mcp_ready = False
-        self._listed = False
-        self._turn_texts: list[str] = []
-        self._calls: dict[str, str] = {}
-
-    # ----------------------------------------------------------------- launch
 
     def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
         """``codex`` is found, and its API key is set unless the capture proxy gives one."""
@@ -160,9 +138,17 @@ class CodexHarness(Harness):
             "default_tools_approval_mode": "approve",
         }
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        """Write ``CODEX_HOME/config.toml`` and return the ``codex app-server`` command."""
-        self._reset_state(ctx)
+    def thread_params(self, ctx: EpisodeContext) -> dict[str, Any]:
+        """The ``thread/start`` parameters: the workspace, no approvals, the env MCP server."""
+        return {
+            "cwd": str(ctx.workspace),
+            "approvalPolicy": "never",
+            "sandbox": self.sandbox,
+            "config": {"mcp_servers": {ctx.server_name: self.mcp_server_entry(ctx)}},
+        }
+
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        """Write ``CODEX_HOME/config.toml``; return the ``codex app-server`` command and session."""
         codex_home = ctx.home / "codex"
         codex_home.mkdir(mode=0o700, exist_ok=True)
         env = {**private_home_env(ctx.home), "CODEX_HOME": str(codex_home)}
@@ -201,7 +187,8 @@ class CodexHarness(Harness):
                 env["CODEX_MANAGED_PACKAGE_ROOT"] = package
                 env["CODEX_MANAGED_BY_NPM"] = "1"
         command = [executable, *self.extra_args, "app-server"]
-        return config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+        config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
+        return Launch(config, CodexSession(ctx, self.thread_params(ctx)))
 
     def _catalog(self) -> dict[str, Any] | None:
         if isinstance(self.model_catalog, dict):
@@ -209,6 +196,25 @@ class CodexHarness(Harness):
         if self.model_catalog is False or not self.model or self.model in KNOWN_MODELS:
             return None
         return catalog_entry(self.model)
+
+
+class CodexSession(HarnessSession):
+    """One episode of ``codex app-server``: the handshake, the tool check, turns by JSON-RPC.
+
+    Args:
+        ctx: The episode (its env tools and MCP server name).
+        thread_params: The ``thread/start`` parameters (``CodexHarness.thread_params``).
+    """
+
+    def __init__(self, ctx: EpisodeContext, thread_params: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        self._thread_params = dict(thread_params)
+        self._rpc = RpcIds()
+        self.thread_id: str | None = None
+        self.turn_id: str | None = None
+        self._mcp_ready = False
+        self._listed = False
+        self._turn_texts: list[str] = []
 
     # ----------------------------------------------------------------- lines out
 
@@ -268,19 +274,10 @@ class CodexHarness(Harness):
             return Feed(error_type=kind, error=f"codex answered {method} with an error: {error}")
         result = msg.get("result") or {}
         if method == "initialize":
-            assert self._ctx is not None
-            params = {
-                "cwd": str(self._ctx.workspace),
-                "approvalPolicy": "never",
-                "sandbox": self.sandbox,
-                "config": {
-                    "mcp_servers": {self._ctx.server_name: self.mcp_server_entry(self._ctx)}
-                },
-            }
             return Feed(
                 replies=[
                     self._rpc.notification("initialized"),
-                    self._rpc.request("thread/start", params),
+                    self._rpc.request("thread/start", self._thread_params),
                 ]
             )
         if method == "thread/start":
@@ -295,33 +292,26 @@ class CodexHarness(Harness):
     def _maybe_list(self) -> Feed:
         if self.thread_id and self._mcp_ready and not self._listed:
             self._listed = True
-            assert self._ctx is not None
             params = {
                 "threadId": self.thread_id,
-                "serverName": self._ctx.server_name,
+                "serverName": self.ctx.server_name,
                 "detail": "toolsAndAuthOnly",
             }
             return Feed(replies=[self._rpc.request("mcpServerStatus/list", params)])
         return Feed()
 
     def _tool_check(self, result: dict[str, Any]) -> Feed:
-        assert self._ctx is not None
-        server = self._ctx.server_name
+        server = self.ctx.server_name
         entries = [e for e in result.get("data", []) if e.get("name") == server]
         tools = set(entries[0].get("tools", {})) if entries else set()
-        missing = [n for n in self._ctx.tool_names if n not in tools]
+        missing = [n for n in self.ctx.tool_names if n not in tools]
         if not missing and entries:
             return Feed(ready=True)
         why = entries[0].get("toolsError") if entries else "not listed"
         return Feed(error_type=Outcome.STARTUP_FAILED, error=self._missing(missing, why))
 
     def _missing(self, missing: Sequence[str], why: Any) -> str:
-        assert self._ctx is not None
-        return (
-            f"Codex did not load the env tools {list(missing or self._ctx.tool_names)} from MCP "
-            f"server {self._ctx.server_name!r}: {why}. Check the bridge URL and token, and "
-            "that nothing blocks 127.0.0.1."
-        )
+        return tools_not_loaded("Codex", self.ctx, missing, str(why))
 
     def _server_request(self, msg: dict[str, Any]) -> Feed:
         method, params = msg["method"], msg.get("params") or {}
@@ -329,7 +319,7 @@ class CodexHarness(Harness):
             EventType.OTHER, {"kind": "server_request", "method": method, "params": params}
         )
         if method == "mcpServer/elicitation/request":
-            ours = self._ctx is not None and params.get("serverName") == self._ctx.server_name
+            ours = params.get("serverName") == self.ctx.server_name
             answer: dict[str, Any] = (
                 {"action": "accept", "content": {}} if ours else {"action": "decline"}
             )
@@ -364,8 +354,7 @@ class CodexHarness(Harness):
         return Feed(events=[HarnessEvent(EventType.OTHER, {"kind": method, "params": params})])
 
     def _mcp_status(self, params: dict[str, Any]) -> Feed:
-        assert self._ctx is not None
-        if params.get("name") != self._ctx.server_name:
+        if params.get("name") != self.ctx.server_name:
             return Feed()
         status = params.get("status")
         if status == "ready":
@@ -458,40 +447,3 @@ def _usage(last: Mapping[str, Any]) -> dict[str, Any]:
             "totalTokens",
         ),
     )
-
-
-def native_codex(executable: str, path: str | None = None) -> tuple[str, str] | None:
-    """The native binary that npm's ``codex`` launcher would start, if it is installed.
-
-    Looks where the launcher looks: the platform package (``@openai/codex-linux-x64``
-    ...) next to ``@openai/codex`` or inside its own ``node_modules``, then the
-    package's own ``vendor`` directory.
-
-    Args:
-        executable: ``"codex"`` (looked up on ``path``) or a path to it.
-        path: The ``PATH`` to search; ``None`` for ours.
-
-    Returns:
-        ``(binary, package_root)``, or ``None`` when ``executable`` is not the node
-        launcher (a native ``codex`` already, say) or the binary is not found.
-    """
-    found = executable if os.sep in executable else shutil.which(executable, path=path)
-    if not found:
-        return None
-    launcher = Path(found).resolve()
-    package = launcher.parent.parent
-    if launcher.suffix != ".js" or not (package / "package.json").is_file():
-        return None
-    known = _NATIVE.get((sys.platform, platform.machine()))
-    if known is None:
-        return None
-    name, triple = known
-    for vendor in (
-        package.parent / name / "vendor",
-        package / "node_modules" / "@openai" / name / "vendor",
-        package / "vendor",
-    ):
-        binary = vendor / triple / "bin" / "codex"
-        if binary.is_file() and os.access(binary, os.X_OK):
-            return str(binary), str(package)
-    return None

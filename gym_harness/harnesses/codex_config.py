@@ -1,17 +1,28 @@
-"""Codex's configuration: a quiet, offline-safe ``config.toml`` and model catalog entries.
+"""Codex's set-up: a quiet, offline-safe ``config.toml``, model catalog entries, the binary.
 
-Shared by ``CodexHarness`` (``codex app-server``) and the codex-acp preset.
+The configuration is shared by ``CodexHarness`` (``codex app-server``) and the
+codex-acp preset; ``native_codex`` finds the binary npm's launcher would start.
 """
 
 from __future__ import annotations
 
+import os
+import platform
+import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gym_harness.harnesses._common import toml_document
 
-__all__ = ["DEFAULT_OPENAI_BASE", "KNOWN_MODELS", "catalog_entry", "codex_config"]
+__all__ = [
+    "DEFAULT_OPENAI_BASE",
+    "KNOWN_MODELS",
+    "catalog_entry",
+    "codex_config",
+    "native_codex",
+]
 
 #: Where Codex sends requests when no base URL is given.
 DEFAULT_OPENAI_BASE = "https://api.openai.com/v1"
@@ -138,3 +149,49 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+#: (sys.platform, machine) -> the npm platform package and the target triple in it.
+_NATIVE = {
+    ("linux", "x86_64"): ("codex-linux-x64", "x86_64-unknown-linux-musl"),
+    ("linux", "aarch64"): ("codex-linux-arm64", "aarch64-unknown-linux-musl"),
+    ("darwin", "x86_64"): ("codex-darwin-x64", "x86_64-apple-darwin"),
+    ("darwin", "arm64"): ("codex-darwin-arm64", "aarch64-apple-darwin"),
+}
+
+
+def native_codex(executable: str, path: str | None = None) -> tuple[str, str] | None:
+    """The native binary that npm's ``codex`` launcher would start, if it is installed.
+
+    Looks where the launcher looks: the platform package (``@openai/codex-linux-x64``
+    ...) next to ``@openai/codex`` or inside its own ``node_modules``, then the
+    package's own ``vendor`` directory.
+
+    Args:
+        executable: ``"codex"`` (looked up on ``path``) or a path to it.
+        path: The ``PATH`` to search; ``None`` for ours.
+
+    Returns:
+        ``(binary, package_root)``, or ``None`` when ``executable`` is not the node
+        launcher (a native ``codex`` already, say) or the binary is not found.
+    """
+    found = executable if os.sep in executable else shutil.which(executable, path=path)
+    if not found:
+        return None
+    launcher = Path(found).resolve()
+    package = launcher.parent.parent
+    if launcher.suffix != ".js" or not (package / "package.json").is_file():
+        return None
+    known = _NATIVE.get((sys.platform, platform.machine()))
+    if known is None:
+        return None
+    name, triple = known
+    for vendor in (
+        package.parent / name / "vendor",
+        package / "node_modules" / "@openai" / name / "vendor",
+        package / "vendor",
+    ):
+        binary = vendor / triple / "bin" / "codex"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary), str(package)
+    return None

@@ -19,10 +19,10 @@ from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.outcome import Outcome
 
-__all__ = ["CommandHarness", "ReferenceHarness"]
+__all__ = ["CommandHarness", "CommandSession", "ReferenceHarness"]
 
 _encode_string = json.encoder.encode_basestring_ascii  # what json.dumps uses by default
 _REFERENCE_AGENT = Path(__file__).resolve().parent.parent / "agents" / "reference.py"
@@ -50,25 +50,33 @@ class CommandHarness(Harness):
 
     name: ClassVar[str] = "command"
 
-    def __init__(self) -> None:
-        self._plain_text = False
-        self._texts: list[str] = []
-
     def check_config(self, config: HarnessConfig) -> None:
         if not config.command:
             raise ConfigError(
                 f"The {self.name!r} harness needs a command: pass command=['prog', 'arg', ...]."
             )
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
         self.check_config(config)
-        self._plain_text = config.allow_plain_text
-        self._texts = []
         env = {**config.env, MCP_URL_VAR: ctx.bridge_url, MCP_TOKEN_VAR: ctx.bridge_token}
         if ctx.model_base_url:  # capture: the harness's model calls go through the proxy
             env[MODEL_URL_VAR] = ctx.model_base_url
             env[MODEL_KEY_VAR] = ctx.model_api_key or ""
-        return config.replace(env=env)
+        session = CommandSession(plain_text=config.allow_plain_text)
+        return Launch(config.replace(env=env), session)
+
+
+class CommandSession(HarnessSession):
+    """One episode of a line-protocol v1 command.
+
+    Args:
+        plain_text: Take a line that is not a typed JSON object as reply text
+            (``HarnessConfig.allow_plain_text``) instead of a protocol error.
+    """
+
+    def __init__(self, *, plain_text: bool = False) -> None:
+        self._plain_text = plain_text
+        self._texts: list[str] = []
 
     def message_lines(self, text: str) -> list[str]:
         self._texts = []
@@ -138,7 +146,6 @@ class ReferenceHarness(CommandHarness):
         api_key_env: str = "OPENAI_API_KEY",
         max_tool_calls: int = 8,
     ) -> None:
-        super().__init__()
         if policy not in ("scripted", "openai"):
             raise ConfigError(f"policy must be 'scripted' or 'openai', got {policy!r}.")
         self.policy = policy
@@ -161,8 +168,9 @@ class ReferenceHarness(CommandHarness):
             inherit += (self.api_key_env, "OPENAI_BASE_URL", "OPENAI_MODEL")
         return HarnessConfig(command=command, inherit_env=inherit)
 
-    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> HarnessConfig:
-        config = super().launch(ctx, config)
+    def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
+        launch = super().launch(ctx, config)
+        config = launch.config
         if self.policy == "openai" and ctx.model_base_url:
             base = openai_base(ctx.model_base_url)
             env = {**config.env, "OPENAI_BASE_URL": base, self.api_key_env: ctx.model_api_key or ""}
@@ -170,4 +178,4 @@ class ReferenceHarness(CommandHarness):
             if "--base-url" in command:
                 command[command.index("--base-url") + 1] = base
             config = config.replace(env=env, command=command)
-        return config
+        return Launch(config, launch.session)
