@@ -38,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from gym_harness.lifecycle import Liveness
     from gym_harness.process import HarnessProcess
 
-__all__ = ["TurnEnded", "TurnRunner", "end_flags"]
+__all__ = ["TurnEnded", "TurnRunner", "Wake", "end_flags"]
 
 _log = logging.getLogger("gym_harness")
 
@@ -77,6 +77,20 @@ def end_flags(result: TurnResult) -> tuple[bool, bool]:
     if outcome.terminates:
         return True, False
     return result.done, False
+
+
+class Wake(Protocol):
+    """What pauses a turn in model mode (the model endpoint): see ``TurnRunner.run``."""
+
+    @property
+    def wake_fd(self) -> int:
+        """A file descriptor that is readable while ``waiting`` may be true."""
+        ...
+
+    @property
+    def waiting(self) -> bool:
+        """A model call waits for the policy."""
+        ...
 
 
 class TurnEnded(Exception):
@@ -121,6 +135,7 @@ class TurnRunner:
         self.sources: tuple[Liveness, ...] = (proc, *liveness)
         self.bridge = bridge
         self.emit = emit
+        self._paused: list[HarnessEvent] | None = None  # a turn's events while ``wake`` holds it
         # The hot path's boundaries, built once (a step passes them for every line).
         self._feeding = _Faults(self, Outcome.PROTOCOL_ERROR, "the adapter's feed()")
         self._reading = _Faults(self, Outcome.HARNESS_CRASHED, "reading its output")
@@ -177,29 +192,57 @@ class TurnRunner:
             episode_deadline: ``time.monotonic()`` value at which the episode's
                 wall budget runs out, or ``None``.
         """
-        events: list[HarnessEvent] = []
+        result = self.run_until_call(message, episode_deadline)
+        assert result is not None  # only a ``wake`` pauses a turn
+        return result
+
+    def run_until_call(
+        self,
+        message: str | None,
+        episode_deadline: float | None = None,
+        wake: Wake | None = None,
+    ) -> TurnResult | None:
+        """``run``, pausing where the harness waits on a model call (model mode).
+
+        Args:
+            message: The user message; ``None`` goes on with the turn ``wake`` paused.
+            episode_deadline: As for ``run``.
+            wake: The model endpoint: the turn pauses as soon as it holds a model call
+                for the policy. The turn and idle deadlines count from each call, that
+                is from each answer delivered.
+
+        Returns:
+            The turn's result, or ``None`` when ``wake`` paused it (its events so far
+            are kept for the result of a later call).
+        """
+        events, self._paused = ([], None) if message is not None else (self._paused or [], None)
         start = time.monotonic()
         turn_deadline = start + self.limits.turn_timeout_s
         # Writes wait at most until the turn (or the episode) runs out.
         write_by = (
             turn_deadline if episode_deadline is None else min(turn_deadline, episode_deadline)
         )
+        wake_fd = None if wake is None else wake.wake_fd
         try:
             if episode_deadline is not None and start >= episode_deadline:
                 return self._timed_out(Outcome.EPISODE_TIMEOUT, events)
             self._check_bridge()
-            with self._messaging:
-                lines = self.session.message_lines(message)
-            self._write(lines, write_by, "mid-turn")
+            if message is not None:
+                with self._messaging:
+                    lines = self.session.message_lines(message)
+                self._write(lines, write_by, "mid-turn")
             watch = _Liveness(self, bridge_checked=True)
             deadline = start  # the nearest deadline; recomputed only when reached
             while True:
+                if wake is not None and wake.waiting:
+                    self._paused = events
+                    return None
                 now = time.monotonic()
                 if now >= deadline:  # the idle deadline moves with activity: look again
                     deadline, kind = self._nearest(start, turn_deadline, episode_deadline)
                     if deadline <= now:
                         return self._timed_out(kind, events)
-                line = watch.read(deadline - now, "mid-turn")
+                line = watch.read(deadline - now, "mid-turn", wake_fd)
                 if line is None:
                     continue
                 feed = self._take(line, events, write_by)
@@ -418,8 +461,9 @@ class _Liveness:
         # The caller looked at the bridge just now: the first look here would repeat it.
         self.skip_bridge = bridge_checked
 
-    def read(self, timeout_s: float, when: str) -> str | None:
-        """The next line within ``timeout_s`` (``None`` if none came); ends the turn if dead."""
+    def read(self, timeout_s: float, when: str, wake_fd: int | None = None) -> str | None:
+        """The next line within ``timeout_s`` (``None`` if none came, or ``wake_fd`` became
+        readable); ends the turn if the harness is dead."""
         runner, proc = self.runner, self.runner.proc
         now = time.monotonic()
         if self.exited_at is None and now >= self.next_check:
@@ -435,7 +479,7 @@ class _Liveness:
             if now - self.exited_at > EXIT_DRAIN_S:
                 runner._crash(f"exited {when}")
         try:  # the boundary of ``runner._reading``, spelled out: this runs for every line
-            line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)))
+            line = proc.read_line(max(0.0, min(timeout_s, self.next_check - now)), wake_fd)
         except Exception as exc:
             reading = runner._reading
             raise runner._outcome_of(exc, reading.other, reading.what) from exc

@@ -353,6 +353,16 @@ def _toml_value(value: Any) -> str:
 MODEL_KEY_VAR = "GYM_HARNESS_MODEL_API_KEY"
 
 
+def policy_wait_ms(ctx: EpisodeContext) -> int | None:
+    """In model mode, the API timeout a CLI needs to outwait the policy, in ms; else None.
+
+    A minute over ``policy_timeout_s``: the env, not the CLI, bounds a slow policy.
+    """
+    if ctx.policy_timeout_s is None:
+        return None
+    return int((ctx.policy_timeout_s + 60) * 1000)
+
+
 def openai_base(url: str) -> str:
     """An OpenAI-style base URL ends in ``/v1``; a bare origin (the capture proxy) gets it."""
     url = url.rstrip("/")

@@ -21,21 +21,25 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     openai_base,
+    policy_wait_ms,
     require_executable,
     require_key,
     write_private,
 )
 from gym_harness.harnesses.acp import ACPHarness
-from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses.base import SIDE_MODEL, EpisodeContext
 from gym_harness.harnesses.codex_config import DEFAULT_OPENAI_BASE, codex_config
+
+if TYPE_CHECKING:
+    from gym_harness.model.request import ModelRequest
 
 __all__ = [
     "ClaudeAgentACPHarness",
@@ -152,15 +156,21 @@ class OpenCodeHarness(_Preset):
         }
         if base:
             model = self.model or "default"
+            options: dict[str, Any] = {"baseURL": base, "apiKey": "{env:" + MODEL_KEY_VAR + "}"}
+            small = model
+            if (wait_ms := policy_wait_ms(ctx)) is not None:
+                # Model mode: wait out the policy, and send title calls as the side model.
+                options.update(headerTimeout=wait_ms, chunkTimeout=wait_ms, timeout=wait_ms)
+                small = SIDE_MODEL
             config["provider"] = {
                 "gym": {
                     "npm": "@ai-sdk/openai-compatible",
                     "name": "gym",
-                    "options": {"baseURL": base, "apiKey": "{env:" + MODEL_KEY_VAR + "}"},
-                    "models": {model: {"name": model, "tool_call": True}},
+                    "options": options,
+                    "models": {m: {"name": m, "tool_call": True} for m in (model, small)},
                 }
             }
-            config["model"] = config["small_model"] = f"gym/{model}"
+            config["model"], config["small_model"] = f"gym/{model}", f"gym/{small}"
         elif self.model:
             config["model"] = self.model
         write_private(ctx.home / ".config" / "opencode" / "opencode.json", json.dumps(config))
@@ -217,6 +227,8 @@ class QwenCodeHarness(_Preset):
             env["OPENAI_API_KEY"] = key
         if self.model:
             env["OPENAI_MODEL"] = self.model
+        if (wait_ms := policy_wait_ms(ctx)) is not None:  # its default is 120 s
+            env["QWEN_CODE_API_TIMEOUT_MS"] = str(wait_ms)
         return env
 
 
@@ -239,6 +251,11 @@ class GeminiCLIHarness(_Preset):
 
     def default_executable(self) -> str:
         return "gemini"
+
+    def side_call(self, request: ModelRequest, headers: Mapping[str, str]) -> bool:
+        """The agent streams (``streamGenerateContent``); Gemini CLI's utility calls
+        (routing, loop checks, summaries: ``generateJson``) do not, and time out in 40 s."""
+        return not request.stream
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         server = {
@@ -285,7 +302,7 @@ class ClaudeAgentACPHarness(_Preset):
         return "claude-agent-acp"
 
     def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
-        from gym_harness.harnesses.claude_code import TELEMETRY_OFF
+        from gym_harness.harnesses.claude_code import TELEMETRY_OFF, claude_model_mode_env
 
         base, key = self.endpoint(ctx)
         env = {
@@ -302,7 +319,7 @@ class ClaudeAgentACPHarness(_Preset):
             env["ANTHROPIC_API_KEY"] = key
         if self.model:
             env["ANTHROPIC_MODEL"] = self.model
-        return env
+        return {**env, **claude_model_mode_env(ctx)}
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         # Without a defaultMode the session starts in "auto", whose classifier (a model
@@ -334,6 +351,7 @@ class CodexACPHarness(_Preset):
             base_url=base or DEFAULT_OPENAI_BASE,
             key_var=MODEL_KEY_VAR,
             sandbox="workspace-write",
+            stream_idle_timeout_ms=policy_wait_ms(ctx),
         )
         write_private(ctx.home / ".codex" / "config.toml", toml)
         return [self.executable]

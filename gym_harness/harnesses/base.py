@@ -32,15 +32,22 @@ Once per episode the env:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.events import HarnessEvent
 
-__all__ = ["EpisodeContext", "Feed", "Harness", "HarnessSession", "Launch"]
+if TYPE_CHECKING:
+    from gym_harness.model.request import ModelRequest
+
+__all__ = ["SIDE_MODEL", "EpisodeContext", "Feed", "Harness", "HarnessSession", "Launch"]
+
+#: The model name adapters give their CLI's small or fast model in model mode, so that
+#: its side calls (titles, summaries) are told apart from the agent's own calls.
+SIDE_MODEL = "gym-side"
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class EpisodeContext:
         model_base_url: When the env captures LLM traffic, the proxy's base URL
             the harness must use instead of its provider's; else ``None``.
         model_api_key: The per-episode key the proxy accepts (with ``model_base_url``).
+        policy_timeout_s: In model mode (``model_base_url`` is then the env's model
+            endpoint), how long the policy may take to answer one model call: the
+            adapter makes its CLI wait that long (its API and stream idle timeouts).
     """
 
     episode_id: str
@@ -69,6 +79,7 @@ class EpisodeContext:
     server_name: str = "env"
     model_base_url: str | None = None
     model_api_key: str | None = None
+    policy_timeout_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -223,6 +234,23 @@ class Harness(ABC):
             captured: The env's capture proxy supplies the model endpoint and key.
         """
         return  # a line-protocol command needs no credentials of ours
+
+    def for_model_mode(self) -> Harness:
+        """The harness to run in ``mode="model"`` (one that calls the model it is given)."""
+        return self
+
+    def side_call(self, request: ModelRequest, headers: Mapping[str, str]) -> bool:
+        """Whether a model call is a side call (a title, a summary), not the agent's own.
+
+        In model mode a side call gets a short fixed answer instead of becoming a step.
+        Adapters that point their CLI's small or fast model at :data:`SIDE_MODEL` keep
+        this default.
+
+        Args:
+            request: The model call as read.
+            headers: Its HTTP headers, names in lower case.
+        """
+        return request.model == SIDE_MODEL
 
     @abstractmethod
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:

@@ -28,6 +28,7 @@ from gym_harness.harnesses._common import (
     json_line,
     not_json,
     parse_object,
+    policy_wait_ms,
     present,
     private_home_env,
     require_executable,
@@ -37,7 +38,14 @@ from gym_harness.harnesses._common import (
     turn_failed,
     write_private,
 )
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
+from gym_harness.harnesses.base import (
+    SIDE_MODEL,
+    EpisodeContext,
+    Feed,
+    Harness,
+    HarnessSession,
+    Launch,
+)
 from gym_harness.outcome import Outcome
 
 __all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness", "ClaudeCodeSession"]
@@ -164,6 +172,7 @@ class ClaudeCodeHarness(Harness):
             # The capture proxy stands in for the provider: no real credential reaches the CLI.
             env["ANTHROPIC_BASE_URL"] = ctx.model_base_url
             env["ANTHROPIC_API_KEY"] = ctx.model_api_key or ""
+            env.update(claude_model_mode_env(ctx))
             drop += ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
         else:
             if self.base_url:
@@ -174,6 +183,24 @@ class ClaudeCodeHarness(Harness):
         # A user's explicit config.env wins; the nesting markers never pass through inheritance.
         config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
         return Launch(config, ClaudeCodeSession(ctx, plain_text=config.allow_plain_text))
+
+
+def claude_model_mode_env(ctx: EpisodeContext) -> dict[str, str]:
+    """In model mode: outwait the policy, and send small-model calls as ``SIDE_MODEL``.
+
+    Claude Code's SDK request timeout is ``API_TIMEOUT_MS``; its stream watchdog waits
+    ``CLAUDE_STREAM_IDLE_TIMEOUT_MS`` (at least 300 s) between events, and the endpoint's
+    pings feed only its byte watchdog (see docs/model-mode.md).
+    """
+    wait_ms = policy_wait_ms(ctx)
+    if wait_ms is None:
+        return {}
+    return {
+        "API_TIMEOUT_MS": str(wait_ms),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(wait_ms),
+        "ANTHROPIC_SMALL_FAST_MODEL": SIDE_MODEL,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": SIDE_MODEL,
+    }
 
 
 class ClaudeCodeSession(HarnessSession):

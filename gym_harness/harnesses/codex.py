@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType, HarnessEvent
@@ -36,6 +37,7 @@ from gym_harness.harnesses._common import (
     not_json,
     openai_base,
     parse_object,
+    policy_wait_ms,
     present,
     private_home_env,
     require_executable,
@@ -55,6 +57,9 @@ from gym_harness.harnesses.codex_config import (
 )
 from gym_harness.outcome import Outcome
 
+if TYPE_CHECKING:
+    from gym_harness.model.request import ModelRequest
+
 __all__ = ["CodexHarness", "CodexSession", "native_codex"]
 
 #: The variable holding the bridge token (named by the MCP entry's ``bearer_token_env_var``).
@@ -68,6 +73,8 @@ _DECLINE: dict[str, Any] = {
     "item/permissions/requestApproval": {"permissions": {}, "scope": "turn"},
     "item/tool/requestUserInput": {"answers": {}},
 }
+#: The kind of a model call in Codex's ``x-codex-turn-metadata`` header ("turn": the agent's).
+_REQUEST_KIND = re.compile(r'"request_kind"\s*:\s*"([^"]*)"')
 #: Thread items that are tool calls, and the name an event gives them.
 _TOOL_ITEMS = {"commandExecution": "shell", "fileChange": "apply_patch", "webSearch": "web_search"}
 
@@ -124,6 +131,14 @@ class CodexHarness(Harness):
         self.extra_config = dict(extra_config or {})
         self.extra_args = tuple(extra_args)
 
+    def side_call(self, request: ModelRequest, headers: Mapping[str, str]) -> bool:
+        """Codex marks its agent's calls ``"request_kind":"turn"`` (x-codex-turn-metadata);
+        a subagent's (reviews, compaction) carry ``x-openai-subagent`` or another kind."""
+        if "x-openai-subagent" in headers:
+            return True
+        kind = _REQUEST_KIND.search(headers.get("x-codex-turn-metadata", ""))
+        return kind is not None and kind.group(1) != "turn"
+
     def preflight(self, config: HarnessConfig, *, captured: bool = False) -> None:
         """``codex`` is found, and its API key is set unless the capture proxy gives one."""
         require_executable(self.executable, config, "Codex", "codex")
@@ -175,6 +190,7 @@ class CodexHarness(Harness):
             sandbox=self.sandbox,
             catalog_path=catalog_path,
             extra=self.extra_config,
+            stream_idle_timeout_ms=policy_wait_ms(ctx),
         )
         write_private(codex_home / "config.toml", toml)
         executable = self.executable

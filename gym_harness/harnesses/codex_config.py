@@ -46,6 +46,7 @@ def codex_config(
     sandbox: str,
     catalog_path: Path | None = None,
     extra: Mapping[str, Any] | None = None,
+    stream_idle_timeout_ms: int | None = None,
 ) -> str:
     """The ``config.toml`` of a quiet, offline-safe Codex pointed at ``base_url``.
 
@@ -56,6 +57,8 @@ def codex_config(
         sandbox: The ``sandbox_mode``.
         catalog_path: A ``model_catalog_json`` file, for a model Codex does not know.
         extra: More keys merged over these (nested dicts are tables).
+        stream_idle_timeout_ms: How long Codex waits between stream events (model mode:
+            long enough for the policy), or ``None`` for its default.
 
     Returns:
         The TOML text.
@@ -84,6 +87,8 @@ def codex_config(
     }
     if model:
         doc["model"] = model
+    if stream_idle_timeout_ms is not None:
+        doc["model_providers"]["gym_harness"]["stream_idle_timeout_ms"] = stream_idle_timeout_ms
     if catalog_path is not None:
         doc["model_catalog_json"] = str(catalog_path)
     return toml_document(_merge(doc, extra or {}))

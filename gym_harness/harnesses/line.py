@@ -168,6 +168,17 @@ class ReferenceHarness(CommandHarness):
             inherit += (self.api_key_env, "OPENAI_BASE_URL", "OPENAI_MODEL")
         return HarnessConfig(command=command, inherit_env=inherit)
 
+    def for_model_mode(self) -> ReferenceHarness:
+        """The ``openai`` policy, whose every model call then reaches the env's endpoint."""
+        if self.policy == "openai":
+            return self
+        return ReferenceHarness(
+            policy="openai",
+            model=self.model or "policy",
+            api_key_env=self.api_key_env,
+            max_tool_calls=self.max_tool_calls,
+        )
+
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
         launch = super().launch(ctx, config)
         config = launch.config
@@ -177,5 +188,7 @@ class ReferenceHarness(CommandHarness):
             command = list(config.command)
             if "--base-url" in command:
                 command[command.index("--base-url") + 1] = base
+            if ctx.policy_timeout_s is not None:  # model mode: outwait the policy
+                command += ["--request-timeout", str(ctx.policy_timeout_s + 60)]
             config = config.replace(env=env, command=command)
         return Launch(config, launch.session)
