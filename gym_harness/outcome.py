@@ -27,6 +27,7 @@ class Outcome(StrEnum):
     STARTUP_FAILED = "startup_failed"
     BRIDGE_FAILED = "bridge_failed"
     REWARD_ERROR = "reward_error"
+    INVALID_ACTION = "invalid_action"
     WORKER_LOST = "worker_lost"
     TURN_TIMEOUT = "turn_timeout"
     IDLE_TIMEOUT = "idle_timeout"
