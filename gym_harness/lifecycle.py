@@ -6,7 +6,8 @@ is in its life with :class:`Lifecycle`, the way httpx's ``ClientState`` does.
 
 The turn runner decides when a turn has gone idle by asking the parts that
 see the harness's activity, each a :class:`Liveness`: the process (its output),
-the bridge (its tool calls) and the proxy (its model traffic).
+the bridge (its tool calls) and the proxy (its model traffic). In model mode a
+:class:`Wake` (the model endpoint) pauses a turn where the harness waits on its model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Lifecycle", "Liveness"]
+__all__ = ["Lifecycle", "Liveness", "Wake"]
 
 
 class Lifecycle(enum.Enum):
@@ -57,4 +58,18 @@ class Liveness(Protocol):
     def busy(self) -> bool:
         """True while the harness waits on this source (a tool call the env runs):
         silence then is not idleness."""
+        ...
+
+
+class Wake(Protocol):
+    """What pauses a turn in model mode (the model endpoint): see ``TurnRunner.run_until_call``."""
+
+    @property
+    def wake_fd(self) -> int:
+        """A file descriptor that is readable while ``waiting`` may be true."""
+        ...
+
+    @property
+    def waiting(self) -> bool:
+        """A model call waits for the policy."""
         ...

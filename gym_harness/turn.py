@@ -38,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn
 
 from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
@@ -48,10 +48,10 @@ from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
     from gym_harness.bridge import MCPBridge
-    from gym_harness.lifecycle import Liveness
+    from gym_harness.lifecycle import Liveness, Wake
     from gym_harness.process import HarnessProcess
 
-__all__ = ["TurnEnded", "TurnRunner", "Wake", "end_flags"]
+__all__ = ["TurnEnded", "TurnRunner", "end_flags"]
 
 _log = logging.getLogger("gym_harness")
 
@@ -77,20 +77,6 @@ def end_flags(result: TurnResult) -> tuple[bool, bool]:
     if outcome.terminates:
         return True, False
     return result.done, False
-
-
-class Wake(Protocol):
-    """What pauses a turn in model mode (the model endpoint): see ``TurnRunner.run``."""
-
-    @property
-    def wake_fd(self) -> int:
-        """A file descriptor that is readable while ``waiting`` may be true."""
-        ...
-
-    @property
-    def waiting(self) -> bool:
-        """A model call waits for the policy."""
-        ...
 
 
 class TurnEnded(Exception):
@@ -195,6 +181,11 @@ class TurnRunner:
         result = self.run_until_call(message, episode_deadline)
         assert result is not None  # only a ``wake`` pauses a turn
         return result
+
+    @property
+    def paused_events(self) -> tuple[HarnessEvent, ...]:
+        """The events so far of the turn ``run_until_call`` paused (``()`` if none is)."""
+        return tuple(self._paused or ())
 
     def run_until_call(
         self,
