@@ -1,0 +1,754 @@
+"""ModelEndpoint: the loopback server a harness's model calls reach in model mode.
+
+The harness talks to :attr:`ModelEndpoint.base_url` as if it were its model API, with
+the per-episode key :meth:`~ModelEndpoint.rotate_token` gives. Each main model call
+waits, unanswered, until the env hands it to the policy (:meth:`next_request`) and
+answers it (:meth:`deliver`, or :meth:`fail`); the answer goes out in the harness's own
+wire format (:class:`~gym_harness.model.AnswerWriter`).
+
+* **Slow policies.** A streamed call gets its response head at once, then the API's
+  keep-alive every ``keepalive_s`` until the answer, so a CLI's header and idle
+  timers never fire. An unstreamed call waits silently. Either way a call unanswered
+  ``policy_timeout_s`` after it arrived ends with an API error (504, or the stream's
+  error event) and is recorded.
+* **Side calls** (the adapter's ``side_call`` says which: titles, summaries) get
+  ``side_answer`` at once when ``model_calls="main"``; with ``"all"`` they are steps too.
+* **Retries are not new steps.** A request whose body equals that of a call still
+  waiting (``stream``/``stream_options`` aside) joins it: the answer goes to the newest
+  connection and the older one is closed. One equal to a recently answered call gets
+  the same answer again (the same ids, and byte for byte in the same stream form). A
+  request carrying ``x-stainless-retry-count`` > 0 is matched on its conversation
+  alone (messages, system, tools), so an SDK retry that changed a token limit joins
+  too. A retry is counted in its call's ``retries``, never recorded as a call.
+* **A dropped connection** leaves its call waiting (a retry may come); delivering to it
+  records the answer and keeps it for that retry.
+* **Bounds**: request bodies (413), waiting calls (``max_pending``, 429), the replay
+  table (``max_replay``), the records (count and bytes, :class:`CallLog`), connections
+  (:class:`LoopbackServer`'s cap).
+
+Threads: the caller's thread owns the lifecycle (``start``/``stop``/``rotate_token``/
+``cut``) and the policy side (``next_request``/``deliver``/``fail``/``calls``/
+``drain``). The server thread owns one asyncio loop: the HTTP exchanges, their
+writers and the policy-timeout timers. Both share the waiting calls, the unclaimed
+queue, the wake pipe, the replay table and the records, only under ``_lock``; the
+caller reaches the loop with ``call_soon_threadsafe``/``run_coroutine_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gym_harness._connections import CONNECTION_KEY, MAX_CONNECTIONS
+from gym_harness._loopback import LoopbackServer, RotatingToken
+from gym_harness._proxy_http import read_body, send_json
+from gym_harness._secrets import swap_credentials
+from gym_harness.capture_records import api_of
+from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.model.action import ActionLimits, Completion, parse_action
+from gym_harness.model.answer import AnswerWriter, Usage, error_body
+from gym_harness.model.calls import (
+    Answered,
+    CallLog,
+    ModelCall,
+    ReplayTable,
+    retry_keys,
+    weight,
+)
+from gym_harness.model.request import ModelRequest, read_request
+
+__all__ = [
+    "EndpointError",
+    "EndpointState",
+    "ModelEndpoint",
+    "PendingCall",
+    "SideCall",
+    "other_answer",
+]
+
+logger = logging.getLogger(__name__)
+
+#: ``side_call(request, headers) -> bool``: the adapter's test for an auxiliary call.
+SideCall = Callable[[ModelRequest, Mapping[str, str]], bool]
+_STOP_TIMEOUT_S = 3.0
+_LIMITS = ActionLimits()
+_CUT_TIMEOUT_S = 2.0
+_UVICORN_OPTIONS = {"interface": "asgi3", "timeout_graceful_shutdown": 0.5}
+
+
+class EndpointError(HarnessError):
+    """The model endpoint could not start, or was used outside its lifecycle."""
+
+
+class EndpointState(enum.Enum):
+    """Lifecycle of a :class:`ModelEndpoint`."""
+
+    UNOPENED = "unopened"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+def _never(request: ModelRequest, headers: Mapping[str, str]) -> bool:
+    return False
+
+
+class PendingCall:
+    """One main model call waiting for the policy's answer.
+
+    Attributes:
+        request_id: The id to pass to :meth:`ModelEndpoint.deliver` (also in the observation).
+        request: The request as read (api, tools, stream form, ...).
+        observation: ``request.observation()``: what the policy sees.
+        path: The request path.
+        side: The adapter's ``side_call`` said it is a side call (only with ``model_calls="all"``).
+        started: Wall-clock time it arrived.
+        retries: Retries of the harness that joined it so far.
+
+    Threads: created on the server loop; its fields below ``retries`` are guarded by the
+    endpoint's lock, ``_exchange`` belongs to the loop.
+    """
+
+    def __init__(self, seq: int, request: ModelRequest, path: str, side: bool) -> None:
+        self.seq = seq
+        self.request_id = request.request_id
+        self.request = request
+        self.observation = request.observation()
+        self.path = path
+        self.side = side
+        self.started = time.time()
+        self.retries = 0
+        self.keys: tuple[str, str] = ("", "")
+        self.claimed = False
+        # The answer's ids, shared by every connection's writer (a retry's too).
+        first = AnswerWriter(request)
+        self.answer_id, self.created = first.answer_id, first.created
+        # Set once, under the lock: (completion, usage) or (status, message).
+        self.answer: tuple[Completion, Usage] | None = None
+        self.failure: tuple[int, str] | None = None
+        self.exchange: _Exchange | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.answer is not None or self.failure is not None
+
+    def parse(self, action: str, limits: ActionLimits = _LIMITS) -> Completion:
+        """The policy's action as a completion of this call (:func:`parse_action`).
+
+        Raises:
+            InvalidAction: The action fails validation against this request.
+        """
+        return parse_action(
+            action, api=self.request.api, tool_names=self.request.tool_names, limits=limits
+        )
+
+    def writer(self, request: ModelRequest) -> AnswerWriter:
+        """A writer for ``request`` (this call's, or a retry's) with this call's ids."""
+        writer = AnswerWriter(request)
+        writer.answer_id, writer.created = self.answer_id, self.created
+        return writer
+
+    def __repr__(self) -> str:
+        return f"PendingCall({self.request_id!r}, api={self.request.api!r}, side={self.side})"
+
+
+class _Exchange:
+    """One HTTP exchange waiting on a call (server loop only)."""
+
+    def __init__(self, send: Any, request: ModelRequest, call: PendingCall, conn: Any) -> None:
+        self.send = send
+        self.request = request
+        self.writer = call.writer(request)
+        self.conn = conn
+        self.wake = asyncio.Event()
+        self.superseded = False
+
+
+class ModelEndpoint(RotatingToken):
+    """Serve a harness's model calls to a policy, one step per main call.
+
+    Args:
+        side_call: ``(request, headers) -> bool``, the adapter's test for a side call
+            (default: none is).
+        model_calls: ``"main"`` (side calls get ``side_answer`` at once) or ``"all"``
+            (every model call waits for the policy).
+        keepalive_s: Pause between keep-alives on a waiting stream.
+        policy_timeout_s: Longest wait for the policy, from the call's arrival.
+        max_pending: Most main calls waiting at once; more get 429.
+        max_request_bytes: Largest request body; a larger one gets 413.
+        max_records: Most records kept between two :meth:`drain` calls.
+        max_record_bytes: Most bytes of observations and completions kept in records.
+        max_replay: Most answered calls remembered for retries.
+        side_answer: The text side calls get.
+        max_connections: Most open connections.
+
+    Example:
+        >>> ep = ModelEndpoint(keepalive_s=5.0)  # doctest: +SKIP
+        >>> ep.start(); key = ep.rotate_token()
+        >>> # ... start the harness against ep.base_url with key ...
+        >>> call = ep.next_request()  # None until a model call waits (poll ep.wake_fd)
+        >>> ep.deliver(call.request_id, call.parse(policy(call.observation)))
+        >>> ep.stop()
+    """
+
+    def __init__(
+        self,
+        side_call: SideCall | None = None,
+        *,
+        model_calls: str = "main",
+        keepalive_s: float = 5.0,
+        policy_timeout_s: float = 600.0,
+        max_pending: int = 64,
+        max_request_bytes: int = 32 * 1024 * 1024,
+        max_records: int = 4096,
+        max_record_bytes: int = 256 * 1024 * 1024,
+        max_replay: int = 64,
+        side_answer: str = "OK",
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if model_calls not in ("main", "all"):
+            raise ConfigError(f'model_calls must be "main" or "all", got {model_calls!r}')
+        if not (keepalive_s > 0 and policy_timeout_s > 0):
+            raise ConfigError("keepalive_s and policy_timeout_s must be positive")
+        for name, value in (
+            ("max_pending", max_pending),
+            ("max_request_bytes", max_request_bytes),
+            ("max_records", max_records),
+            ("max_record_bytes", max_record_bytes),
+            ("max_replay", max_replay),
+            ("max_connections", max_connections),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        super().__init__()
+        self.side_call = side_call or _never
+        self.model_calls = model_calls
+        self.keepalive_s = keepalive_s
+        self.policy_timeout_s = policy_timeout_s
+        self.max_pending = max_pending
+        self.max_request_bytes = max_request_bytes
+        self.side_answer = side_answer
+        self._max_connections = max_connections
+        self._lock = threading.Lock()
+        self._log = CallLog(max_records, max_record_bytes)
+        self._replay = ReplayTable(max_replay, max(max_record_bytes // 4, 1))
+        self._open: dict[str, PendingCall] = {}  # waiting calls by request_id
+        self._by_key: dict[str, PendingCall] = {}  # waiting calls by retry_keys
+        self._unclaimed: collections.deque[PendingCall] = collections.deque()
+        self._seq = 0
+        self._ids = f"req_{uuid.uuid4().hex[:8]}_"  # request ids unique across endpoints
+        self._state = EndpointState.UNOPENED
+        self._server: LoopbackServer | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._wake_set = False
+        #: ``time.monotonic()`` of the last request, or answer written: the harness's signs
+        #: of life (keep-alives are the endpoint's own bytes and do not count).
+        self.last_activity = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"ModelEndpoint(state={self._state.value}, model_calls={self.model_calls!r})"
+
+    # -- lifecycle (caller's thread) ----------------------------------------------------------
+
+    @property
+    def state(self) -> EndpointState:
+        """Where the endpoint is in its lifecycle."""
+        return self._state
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``, the origin the harness uses as its model API.
+
+        Raises:
+            EndpointError: The endpoint is not running.
+        """
+        if self._state is not EndpointState.RUNNING or self._server is None:
+            raise EndpointError(f"the model endpoint is {self._state.value}; call start() first")
+        return f"http://127.0.0.1:{self._server.port}"
+
+    @property
+    def wake_fd(self) -> int:
+        """A file descriptor that is readable while a main call waits unclaimed (``poll`` it)."""
+        return self._wake_r
+
+    @property
+    def busy(self) -> bool:
+        """A claimed call waits for the policy's answer."""
+        with self._lock:
+            return any(c.claimed for c in self._open.values())
+
+    @property
+    def dropped(self) -> int:
+        """Records not kept since the last :meth:`drain` (past ``max_records``)."""
+        with self._lock:
+            return self._log.dropped
+
+    def start(self) -> None:
+        """Bind 127.0.0.1 on an OS-chosen port and serve from a thread of its own.
+
+        Raises:
+            EndpointError: The endpoint was stopped, or could not bind or start in time.
+        """
+        if self._state is EndpointState.RUNNING:
+            return
+        if self._state is EndpointState.CLOSED:
+            raise EndpointError("this model endpoint was stopped; make a new ModelEndpoint")
+        server = LoopbackServer(
+            self._app,
+            label="model endpoint",
+            thread_name="gym-harness-model",
+            error=EndpointError,
+            stop_timeout_s=_STOP_TIMEOUT_S,
+            options=_UVICORN_OPTIONS,
+            max_connections=self._max_connections,
+        )
+        server.start()
+        self._server = server
+        self._state = EndpointState.RUNNING
+
+    def rotate_token(self) -> str:
+        """A new per-episode key (the old one is refused from now on); forgets old answers.
+
+        Returns:
+            The key the harness must send (``x-api-key``, ``Authorization: Bearer``,
+            ``x-goog-api-key`` or ``?key=``).
+        """
+        with self._lock:
+            self._replay.clear()
+            return super().rotate_token()
+
+    def cut(self, why: str) -> int:
+        """End every waiting call now with an API error, recording each (episode end).
+
+        Args:
+            why: Goes into each record's ``error`` and the harness's error message.
+
+        Returns:
+            How many calls were waiting.
+        """
+        with self._lock:
+            calls = list(self._open.values())
+            for call in calls:
+                self._finish(call, failure=(504, why))
+        loop = self._server.loop if self._server is not None else None
+        if calls and loop is not None:
+            try:
+                future = asyncio.run_coroutine_threadsafe(self._flush(calls), loop)
+                future.result(_CUT_TIMEOUT_S)
+            except Exception:  # the loop stopped meanwhile, or the writes took too long
+                logger.debug("model endpoint: cut did not finish writing", exc_info=True)
+        return len(calls)
+
+    def stop(self) -> None:
+        """Cut every waiting call, stop serving, close the wake pipe. Idempotent, never raises."""
+        if self._state is EndpointState.CLOSED:
+            return
+        try:
+            self.cut("the model endpoint stopped")
+        except Exception:
+            logger.debug("model endpoint: cut on stop failed", exc_info=True)
+        self._state = EndpointState.CLOSED
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()  # bounded, never raises
+        with self._lock:
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def __enter__(self) -> ModelEndpoint:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- the policy side (caller's thread) ----------------------------------------------------
+
+    def next_request(self) -> PendingCall | None:
+        """Claim the oldest main call nobody claimed yet; ``None`` when none waits. Never blocks."""
+        with self._lock:
+            while self._unclaimed:
+                call = self._unclaimed.popleft()
+                if not call.finished:
+                    call.claimed = True
+                    self._set_wake()
+                    return call
+            self._set_wake()
+            return None
+
+    def deliver(self, request_id: str, completion: Completion, usage: Usage | None = None) -> bool:
+        """Answer a waiting call: record it, then write the answer to the harness.
+
+        The record is kept before the answer's last byte goes out. A call whose
+        connection dropped is recorded all the same, and its answer kept for the retry.
+
+        Args:
+            request_id: The call's id.
+            completion: The policy's checked completion (:meth:`PendingCall.parse`).
+            usage: Token counts for the wire (``None``: an estimate).
+
+        Returns:
+            False when no such call waits (it was answered, cut or timed out already).
+        """
+        with self._lock:
+            call = self._open.get(request_id)
+            if call is None:
+                return False
+            wire = usage or Usage.estimate(call.request, completion)
+            self._finish(call, answer=(completion, wire))
+        self._wake_exchange(call)
+        return True
+
+    def fail(self, request_id: str, message: str) -> bool:
+        """End a waiting call with an API error (status 500, or the stream's error event).
+
+        Returns:
+            False when no such call waits.
+        """
+        with self._lock:
+            call = self._open.get(request_id)
+            if call is None:
+                return False
+            self._finish(call, failure=(500, message))
+        self._wake_exchange(call)
+        return True
+
+    def calls(self) -> list[ModelCall]:
+        """The records since the last :meth:`drain`, in arrival order (not consumed)."""
+        with self._lock:
+            return self._log.records()
+
+    def drain(self) -> list[ModelCall]:
+        """The records since the last call, in arrival order; forgets them."""
+        with self._lock:
+            return self._log.drain()
+
+    # -- shared state (under _lock) -----------------------------------------------------------
+
+    def _set_wake(self) -> None:
+        """Make the wake pipe readable exactly while an unclaimed call waits (holds the lock)."""
+        want = any(not c.finished for c in self._unclaimed)
+        if want == self._wake_set:
+            return
+        try:
+            if want:
+                os.write(self._wake_w, b"!")
+            else:
+                os.read(self._wake_r, 64)
+        except OSError:  # closed by stop()
+            return
+        self._wake_set = want
+
+    def _finish(
+        self,
+        call: PendingCall,
+        *,
+        answer: tuple[Completion, Usage] | None = None,
+        failure: tuple[int, str] | None = None,
+    ) -> None:
+        """Settle ``call`` once, record it, remember an answer for retries (holds the lock)."""
+        call.answer, call.failure = answer, failure
+        self._open.pop(call.request_id, None)
+        if not call.claimed:
+            with contextlib.suppress(ValueError):  # already taken out by next_request
+                self._unclaimed.remove(call)
+        for key in call.keys:
+            if self._by_key.get(key) is call:
+                del self._by_key[key]
+        completion = answer[0] if answer else None
+        status, error = failure if failure else (200, "")
+        self._record(
+            call.seq,
+            call.request,
+            call.path,
+            call.side,
+            completion,
+            status,
+            error,
+            call.started,
+            call.retries,
+        )
+        if answer is not None:
+            self._replay.put(call.keys, Answered(*answer, call.answer_id, call.created, call.seq))
+        self._set_wake()
+
+    def _record(
+        self,
+        seq: int,
+        request: ModelRequest | None,
+        path: str,
+        side: bool,
+        completion: Completion | None,
+        status: int,
+        error: str,
+        started: float,
+        retries: int = 0,
+    ) -> None:
+        record = ModelCall(
+            seq=seq,
+            request_id=request.request_id if request else f"{self._ids}{seq}",
+            api=request.api if request else api_of(path),
+            path=path,
+            side=side,
+            observation=request.observation() if request else None,
+            completion=completion,
+            status=status,
+            error=error,
+            started=started,
+            answered=time.time(),
+            retries=retries,
+        )
+        self._log.add(record, weight(request.size if request else 0, completion))
+
+    def _next_seq(self) -> int:
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def _wake_exchange(self, call: PendingCall) -> None:
+        loop = self._server.loop if self._server is not None else None
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to answer
+            loop.call_soon_threadsafe(_wake, call)
+
+    # -- the ASGI app (server thread) ---------------------------------------------------------
+
+    async def _app(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.last_activity = time.monotonic()
+        started = time.time()
+        method, path = scope["method"], scope["path"]
+        query = scope["query_string"].decode("latin-1")
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        _, _, ok = swap_credentials(self._token, None, headers, query, method, path)
+        if not ok:
+            message = "missing or wrong model endpoint key; send the key rotate_token() gave"
+            await send_json(send, 401, error_body(api_of(path), 401, message))
+            return
+        conn = scope.get("state", {}).get(CONNECTION_KEY)
+        if conn is not None:
+            conn.owner = self._token  # authenticated: never evicted while busy
+        body, size, problem = await read_body(receive, headers, self.max_request_bytes)
+        if problem == "client_closed":
+            return
+        if problem:
+            why = f"request body of {size} bytes or more is over the endpoint's limit of "
+            why += f"{self.max_request_bytes} bytes (ModelEndpoint max_request_bytes)"
+            with self._lock:
+                self._seq += 1
+                self._record(self._seq, None, path, False, None, 413, why, started)
+            await send_json(send, 413, error_body(api_of(path), 413, why), close=True)
+            return
+        seq = self._next_seq()
+        request = read_request(path, body, query=query, request_id=f"{self._ids}{seq}")
+        if method != "POST" or request is None:
+            await _send_other(send, method, path)
+            return
+        hdrs = dict(headers)
+        try:
+            side = bool(self.side_call(request, hdrs))
+        except Exception:  # the adapter's test failed: the call is a step, not lost
+            logger.warning(
+                "model endpoint: side_call raised; treating the call as main", exc_info=True
+            )
+            side = False
+        if side and self.model_calls == "main":
+            await self._answer_side(send, seq, request, path, started)
+            return
+        await self._main(send, receive, seq, request, path, side, hdrs, conn)
+
+    async def _answer_side(
+        self, send: Any, seq: int, request: ModelRequest, path: str, started: float
+    ) -> None:
+        completion = Completion(content=self.side_answer)
+        writer = AnswerWriter(request)
+        with self._lock:
+            self._record(seq, request, path, True, completion, 200, "", started)
+        await _start(send, writer)
+        await _end(send, writer.head() + writer.body(completion))
+
+    async def _main(
+        self,
+        send: Any,
+        receive: Any,
+        seq: int,
+        request: ModelRequest,
+        path: str,
+        side: bool,
+        headers: dict[str, str],
+        conn: Any,
+    ) -> None:
+        exact, talk = retry_keys(path, request.body)
+        retry = headers.get("x-stainless-retry-count", "0").strip() not in ("", "0")
+        key = talk if retry else exact
+        replay: Answered | None = None
+        with self._lock:
+            call = self._by_key.get(key)
+            if call is None:
+                replay = self._replay.get(key)
+            if call is None and replay is None:
+                if len(self._open) >= self.max_pending:
+                    call = None
+                else:
+                    call = PendingCall(seq, request, path, side)
+                    call.keys = (exact, talk)
+                    call.timer = asyncio.get_running_loop().call_later(
+                        self.policy_timeout_s, self._expire, call
+                    )
+                    self._open[call.request_id] = call
+                    self._by_key.setdefault(exact, call)
+                    self._by_key.setdefault(talk, call)
+                    self._unclaimed.append(call)
+                    self._set_wake()
+            elif call is not None:
+                call.retries += 1
+        if replay is not None:
+            await self._replay_answer(send, request, replay)
+            return
+        if call is None:
+            why = f"{self.max_pending} model calls already wait for the policy (max_pending)"
+            with self._lock:
+                self._record(seq, request, path, side, None, 429, why, time.time())
+            await send_json(send, 429, error_body(request.api, 429, why))
+            return
+        await self._serve(call, _Exchange(send, request, call, conn), receive)
+
+    async def _replay_answer(self, send: Any, request: ModelRequest, replay: Answered) -> None:
+        writer = AnswerWriter(request)
+        writer.answer_id, writer.created = replay.answer_id, replay.created
+        await _start(send, writer)
+        await _end(send, writer.head() + writer.body(replay.completion, replay.usage))
+        self.last_activity = time.monotonic()
+
+    async def _serve(self, call: PendingCall, ex: _Exchange, receive: Any) -> None:
+        """Hold one exchange of ``call`` open until its answer, a retry, a drop or a cut."""
+        old, call.exchange = call.exchange, ex
+        if old is not None:  # the harness retried: the newest connection gets the answer
+            old.superseded = True
+            old.wake.set()
+        sse = ex.request.sse
+        if sse:
+            await _start(ex.send, ex.writer)
+            await ex.send(
+                {"type": "http.response.body", "body": ex.writer.head(), "more_body": True}
+            )
+        disconnect = asyncio.ensure_future(receive())
+        waiter: asyncio.Future[Any] | None = None
+        try:
+            while not (call.finished or ex.superseded):
+                waiter = asyncio.ensure_future(ex.wake.wait())
+                done, _ = await asyncio.wait(
+                    {waiter, disconnect},
+                    timeout=self.keepalive_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiter.cancel()
+                ex.wake.clear()
+                if disconnect in done:  # the call stays: a retry may come
+                    return
+                if not done and sse and not call.finished:
+                    beat = ex.writer.keepalive()
+                    await ex.send({"type": "http.response.body", "body": beat, "more_body": True})
+            if ex.superseded:
+                if ex.conn is not None:
+                    ex.conn.table.drop(ex.conn)  # closes the socket of the older connection
+                return
+            await self._write_result(call, ex)
+        finally:
+            if waiter is not None:
+                waiter.cancel()
+            disconnect.cancel()
+            if call.exchange is ex:
+                call.exchange = None
+
+    async def _write_result(self, call: PendingCall, ex: _Exchange) -> None:
+        writer, sse = ex.writer, ex.request.sse
+        if call.answer is not None:
+            completion, usage = call.answer
+            data = writer.body(completion, usage)
+            if not sse:
+                await _start(ex.send, writer, len(data))
+            await _end(ex.send, data)
+        else:
+            status, message = call.failure or (500, "no answer")
+            if sse:
+                await _end(ex.send, writer.fail(message))
+            else:
+                await send_json(ex.send, status, error_body(ex.request.api, status, message))
+        self.last_activity = time.monotonic()
+
+    def _expire(self, call: PendingCall) -> None:
+        why = f"the policy did not answer within policy_timeout_s={self.policy_timeout_s}s"
+        with self._lock:
+            if call.finished:
+                return
+            self._finish(call, failure=(504, why))
+        _wake(call)
+
+    async def _flush(self, calls: list[PendingCall]) -> None:
+        """Wake the exchanges of ``calls`` and wait (bounded) until they are written."""
+        for call in calls:
+            _wake(call)
+        deadline = time.monotonic() + _CUT_TIMEOUT_S / 2
+        while any(c.exchange is not None for c in calls) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
+
+def _wake(call: PendingCall) -> None:
+    """Wake the exchange waiting on ``call`` (server loop only)."""
+    if call.timer is not None and call.finished:
+        call.timer.cancel()
+    if call.exchange is not None:
+        call.exchange.wake.set()
+
+
+async def _start(send: Any, writer: AnswerWriter, length: int | None = None) -> None:
+    headers = [(b"content-type", writer.content_type.encode())]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    elif writer.request.sse:
+        headers.append((b"cache-control", b"no-cache"))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+
+async def _end(send: Any, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+def other_answer(method: str, path: str) -> tuple[int, bytes]:
+    """The answer to what is no model call: Claude Code's ``HEAD /``, model lists, token counts.
+
+    Returns:
+        ``(status, JSON body)``.
+    """
+    if path == "/":
+        return 200, b"{}"
+    if method == "GET" and path.endswith("/models"):
+        return 200, json.dumps({"object": "list", "data": [], "models": []}).encode()
+    if path.endswith("/count_tokens"):
+        return 200, b'{"input_tokens": 1}'
+    if path.endswith(":countTokens"):
+        return 200, b'{"totalTokens": 1}'
+    return 404, json.dumps({"error": {"message": f"no route for {method} {path}"}}).encode()
+
+
+async def _send_other(send: Any, method: str, path: str) -> None:
+    status, data = other_answer(method, path)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else data})
