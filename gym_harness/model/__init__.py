@@ -35,8 +35,8 @@ from gym_harness.model.action import (
 from gym_harness.model.answer import AnswerWriter, Usage, encode_answer, error_body
 from gym_harness.model.calls import ModelCall
 from gym_harness.model.endpoint import (
+    EndpointConfig,
     EndpointError,
-    EndpointState,
     ModelEndpoint,
     PendingCall,
     SideCall,
@@ -50,8 +50,8 @@ __all__ = [
     "ActionLimits",
     "AnswerWriter",
     "Completion",
+    "EndpointConfig",
     "EndpointError",
-    "EndpointState",
     "InvalidAction",
     "ModelCall",
     "ModelEndpoint",

@@ -39,37 +39,38 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
-import json
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gym_harness._connections import CONNECTION_KEY, MAX_CONNECTIONS
-from gym_harness._loopback import LoopbackServer, RotatingToken
 from gym_harness._proxy_http import read_body, send_json
 from gym_harness._secrets import swap_credentials
+from gym_harness._served import LoopbackService, ServiceState
 from gym_harness.capture_records import api_of
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.model.action import ActionLimits, Completion, parse_action
-from gym_harness.model.answer import AnswerWriter, Usage, error_body
-from gym_harness.model.calls import (
-    Answered,
-    CallLog,
-    ModelCall,
-    ReplayTable,
-    retry_keys,
-    weight,
+from gym_harness.model._exchange import (
+    Exchange,
+    PendingCall,
+    hold,
+    other_answer,
+    send_other,
+    wake,
+    write_whole,
 )
+from gym_harness.model.action import Completion
+from gym_harness.model.answer import AnswerWriter, Usage, error_body
+from gym_harness.model.calls import Answered, CallLog, ModelCall, ReplayTable, retry_keys, weight
 from gym_harness.model.request import ModelRequest, read_request
 
 __all__ = [
+    "EndpointConfig",
     "EndpointError",
-    "EndpointState",
     "ModelEndpoint",
     "PendingCall",
     "SideCall",
@@ -80,8 +81,6 @@ logger = logging.getLogger(__name__)
 
 #: ``side_call(request, headers) -> bool``: the adapter's test for an auxiliary call.
 SideCall = Callable[[ModelRequest, Mapping[str, str]], bool]
-_STOP_TIMEOUT_S = 3.0
-_LIMITS = ActionLimits()
 _CUT_TIMEOUT_S = 2.0
 _UVICORN_OPTIONS = {"interface": "asgi3", "timeout_graceful_shutdown": 0.5}
 
@@ -90,107 +89,63 @@ class EndpointError(HarnessError):
     """The model endpoint could not start, or was used outside its lifecycle."""
 
 
-class EndpointState(enum.Enum):
-    """Lifecycle of a :class:`ModelEndpoint`."""
-
-    UNOPENED = "unopened"
-    RUNNING = "running"
-    CLOSED = "closed"
-
-
-def _never(request: ModelRequest, headers: Mapping[str, str]) -> bool:
-    return False
-
-
-class PendingCall:
-    """One main model call waiting for the policy's answer.
+@dataclass(frozen=True)
+class EndpointConfig:
+    """How a :class:`ModelEndpoint` answers, and its bounds.
 
     Attributes:
-        request_id: The id to pass to :meth:`ModelEndpoint.deliver` (also in the observation).
-        request: The request as read (api, tools, stream form, ...).
-        observation: ``request.observation()``: what the policy sees.
-        path: The request path.
-        side: The adapter's ``side_call`` said it is a side call (only with ``model_calls="all"``).
-        started: Wall-clock time it arrived.
-        retries: Retries of the harness that joined it so far.
-
-    Threads: created on the server loop; its fields below ``retries`` are guarded by the
-    endpoint's lock, ``_exchange`` belongs to the loop.
-    """
-
-    def __init__(self, seq: int, request: ModelRequest, path: str, side: bool) -> None:
-        self.seq = seq
-        self.request_id = request.request_id
-        self.request = request
-        self.observation = request.observation()
-        self.path = path
-        self.side = side
-        self.started = time.time()
-        self.retries = 0
-        self.keys: tuple[str, str] = ("", "")
-        self.claimed = False
-        # The answer's ids, shared by every connection's writer (a retry's too).
-        first = AnswerWriter(request)
-        self.answer_id, self.created = first.answer_id, first.created
-        # Set once, under the lock: (completion, usage) or (status, message).
-        self.answer: tuple[Completion, Usage] | None = None
-        self.failure: tuple[int, str] | None = None
-        self.exchange: _Exchange | None = None
-        self.timer: asyncio.TimerHandle | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.answer is not None or self.failure is not None
-
-    def parse(self, action: str, limits: ActionLimits = _LIMITS) -> Completion:
-        """The policy's action as a completion of this call (:func:`parse_action`).
-
-        Raises:
-            InvalidAction: The action fails validation against this request.
-        """
-        return parse_action(
-            action, api=self.request.api, tool_names=self.request.tool_names, limits=limits
-        )
-
-    def writer(self, request: ModelRequest) -> AnswerWriter:
-        """A writer for ``request`` (this call's, or a retry's) with this call's ids."""
-        writer = AnswerWriter(request)
-        writer.answer_id, writer.created = self.answer_id, self.created
-        return writer
-
-    def __repr__(self) -> str:
-        return f"PendingCall({self.request_id!r}, api={self.request.api!r}, side={self.side})"
-
-
-class _Exchange:
-    """One HTTP exchange waiting on a call (server loop only)."""
-
-    def __init__(self, send: Any, request: ModelRequest, call: PendingCall, conn: Any) -> None:
-        self.send = send
-        self.request = request
-        self.writer = call.writer(request)
-        self.conn = conn
-        self.wake = asyncio.Event()
-        self.superseded = False
-
-
-class ModelEndpoint(RotatingToken):
-    """Serve a harness's model calls to a policy, one step per main call.
-
-    Args:
-        side_call: ``(request, headers) -> bool``, the adapter's test for a side call
-            (default: none is).
         model_calls: ``"main"`` (side calls get ``side_answer`` at once) or ``"all"``
             (every model call waits for the policy).
         keepalive_s: Pause between keep-alives on a waiting stream.
         policy_timeout_s: Longest wait for the policy, from the call's arrival.
         max_pending: Most main calls waiting at once; more get 429.
         max_request_bytes: Largest request body; a larger one gets 413.
-        max_records: Most records kept between two :meth:`drain` calls.
+        max_records: Most records kept between two ``drain()`` calls.
         max_record_bytes: Most bytes of observations and completions kept in records.
-        max_replay: Most answered calls remembered for retries.
+        max_replay: Most answered calls remembered for retries (their completions take at
+            most a quarter of ``max_record_bytes``).
         side_answer: The text side calls get.
         max_connections: Most open connections.
+    """
+
+    model_calls: str = "main"
+    keepalive_s: float = 5.0
+    policy_timeout_s: float = 600.0
+    max_pending: int = 64
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_records: int = 4096
+    max_record_bytes: int = 256 * 1024 * 1024
+    max_replay: int = 64
+    side_answer: str = "OK"
+    max_connections: int = MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        if self.model_calls not in ("main", "all"):
+            raise ConfigError(f'model_calls must be "main" or "all", got {self.model_calls!r}')
+        if not (self.keepalive_s > 0 and self.policy_timeout_s > 0):
+            raise ConfigError("keepalive_s and policy_timeout_s must be positive seconds")
+        ints = [f.name for f in fields(self) if f.name.startswith("max_")]
+        bad = [n for n in ints if type(getattr(self, n)) is not int or getattr(self, n) < 1]
+        if bad:
+            raise ConfigError(f"{bad[0]} must be a positive int, got {getattr(self, bad[0])!r}")
+
+
+def _never(request: ModelRequest, headers: Mapping[str, str]) -> bool:
+    return False
+
+
+class ModelEndpoint(LoopbackService):
+    """Serve a harness's model calls to a policy, one step per main call.
+
+    Args:
+        side_call: ``(request, headers) -> bool``, the adapter's test for a side call
+            (default: none is).
+        config: The settings; or give them as keyword ``options`` instead.
+        **options: :class:`EndpointConfig` fields (``model_calls``, ``keepalive_s``,
+            ``policy_timeout_s``, ``max_pending``, ...).
+
+    Raises:
+        ConfigError: A setting is out of range.
 
     Example:
         >>> ep = ModelEndpoint(keepalive_s=5.0)  # doctest: +SKIP
@@ -201,54 +156,27 @@ class ModelEndpoint(RotatingToken):
         >>> ep.stop()
     """
 
+    label = "model endpoint"
+    error = EndpointError
+
     def __init__(
         self,
         side_call: SideCall | None = None,
         *,
-        model_calls: str = "main",
-        keepalive_s: float = 5.0,
-        policy_timeout_s: float = 600.0,
-        max_pending: int = 64,
-        max_request_bytes: int = 32 * 1024 * 1024,
-        max_records: int = 4096,
-        max_record_bytes: int = 256 * 1024 * 1024,
-        max_replay: int = 64,
-        side_answer: str = "OK",
-        max_connections: int = MAX_CONNECTIONS,
+        config: EndpointConfig | None = None,
+        **options: Any,
     ) -> None:
-        if model_calls not in ("main", "all"):
-            raise ConfigError(f'model_calls must be "main" or "all", got {model_calls!r}')
-        if not (keepalive_s > 0 and policy_timeout_s > 0):
-            raise ConfigError("keepalive_s and policy_timeout_s must be positive")
-        for name, value in (
-            ("max_pending", max_pending),
-            ("max_request_bytes", max_request_bytes),
-            ("max_records", max_records),
-            ("max_record_bytes", max_record_bytes),
-            ("max_replay", max_replay),
-            ("max_connections", max_connections),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        self.config = config = config or EndpointConfig(**options)
         super().__init__()
         self.side_call = side_call or _never
-        self.model_calls = model_calls
-        self.keepalive_s = keepalive_s
-        self.policy_timeout_s = policy_timeout_s
-        self.max_pending = max_pending
-        self.max_request_bytes = max_request_bytes
-        self.side_answer = side_answer
-        self._max_connections = max_connections
         self._lock = threading.Lock()
-        self._log = CallLog(max_records, max_record_bytes)
-        self._replay = ReplayTable(max_replay, max(max_record_bytes // 4, 1))
+        self._log = CallLog(config.max_records, config.max_record_bytes)
+        self._replay = ReplayTable(config.max_replay, max(config.max_record_bytes // 4, 1))
         self._open: dict[str, PendingCall] = {}  # waiting calls by request_id
         self._by_key: dict[str, PendingCall] = {}  # waiting calls by retry_keys
         self._unclaimed: collections.deque[PendingCall] = collections.deque()
         self._seq = 0
         self._ids = f"req_{uuid.uuid4().hex[:8]}_"  # request ids unique across endpoints
-        self._state = EndpointState.UNOPENED
-        self._server: LoopbackServer | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -258,29 +186,16 @@ class ModelEndpoint(RotatingToken):
         self.last_activity = time.monotonic()
 
     def __repr__(self) -> str:
-        return f"ModelEndpoint(state={self._state.value}, model_calls={self.model_calls!r})"
+        return f"ModelEndpoint(state={self._state.value}, model_calls={self.config.model_calls!r})"
 
     # -- lifecycle (caller's thread) ----------------------------------------------------------
 
     @property
-    def state(self) -> EndpointState:
-        """Where the endpoint is in its lifecycle."""
-        return self._state
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``, the origin the harness uses as its model API.
-
-        Raises:
-            EndpointError: The endpoint is not running.
-        """
-        if self._state is not EndpointState.RUNNING or self._server is None:
-            raise EndpointError(f"the model endpoint is {self._state.value}; call start() first")
-        return f"http://127.0.0.1:{self._server.port}"
-
-    @property
     def wake_fd(self) -> int:
-        """A file descriptor that is readable while a main call waits unclaimed (``poll`` it)."""
+        """A file descriptor that is readable while a main call waits unclaimed (``poll`` it).
+
+        Closed by :meth:`stop`.
+        """
         return self._wake_r
 
     @property
@@ -301,22 +216,12 @@ class ModelEndpoint(RotatingToken):
         Raises:
             EndpointError: The endpoint was stopped, or could not bind or start in time.
         """
-        if self._state is EndpointState.RUNNING:
-            return
-        if self._state is EndpointState.CLOSED:
-            raise EndpointError("this model endpoint was stopped; make a new ModelEndpoint")
-        server = LoopbackServer(
+        self._start_server(
             self._app,
-            label="model endpoint",
             thread_name="gym-harness-model",
-            error=EndpointError,
-            stop_timeout_s=_STOP_TIMEOUT_S,
             options=_UVICORN_OPTIONS,
-            max_connections=self._max_connections,
+            max_connections=self.config.max_connections,
         )
-        server.start()
-        self._server = server
-        self._state = EndpointState.RUNNING
 
     def rotate_token(self) -> str:
         """A new per-episode key (the old one is refused from now on); forgets old answers.
@@ -353,27 +258,17 @@ class ModelEndpoint(RotatingToken):
 
     def stop(self) -> None:
         """Cut every waiting call, stop serving, close the wake pipe. Idempotent, never raises."""
-        if self._state is EndpointState.CLOSED:
+        if self._state is ServiceState.CLOSED:
             return
         try:
             self.cut("the model endpoint stopped")
         except Exception:
             logger.debug("model endpoint: cut on stop failed", exc_info=True)
-        self._state = EndpointState.CLOSED
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()  # bounded, never raises
+        self._stop_server()
         with self._lock:
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-
-    def __enter__(self) -> ModelEndpoint:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- the policy side (caller's thread) ----------------------------------------------------
 
@@ -523,7 +418,7 @@ class ModelEndpoint(RotatingToken):
         if loop is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to answer
-            loop.call_soon_threadsafe(_wake, call)
+            loop.call_soon_threadsafe(wake, call)
 
     # -- the ASGI app (server thread) ---------------------------------------------------------
 
@@ -543,12 +438,12 @@ class ModelEndpoint(RotatingToken):
         conn = scope.get("state", {}).get(CONNECTION_KEY)
         if conn is not None:
             conn.owner = self._token  # authenticated: never evicted while busy
-        body, size, problem = await read_body(receive, headers, self.max_request_bytes)
+        body, size, problem = await read_body(receive, headers, self.config.max_request_bytes)
         if problem == "client_closed":
             return
         if problem:
             why = f"request body of {size} bytes or more is over the endpoint's limit of "
-            why += f"{self.max_request_bytes} bytes (ModelEndpoint max_request_bytes)"
+            why += f"{self.config.max_request_bytes} bytes (ModelEndpoint max_request_bytes)"
             with self._lock:
                 self._seq += 1
                 self._record(self._seq, None, path, False, None, 413, why, started)
@@ -557,7 +452,7 @@ class ModelEndpoint(RotatingToken):
         seq = self._next_seq()
         request = read_request(path, body, query=query, request_id=f"{self._ids}{seq}")
         if method != "POST" or request is None:
-            await _send_other(send, method, path)
+            await send_other(send, method, path)
             return
         hdrs = dict(headers)
         try:
@@ -567,7 +462,7 @@ class ModelEndpoint(RotatingToken):
                 "model endpoint: side_call raised; treating the call as main", exc_info=True
             )
             side = False
-        if side and self.model_calls == "main":
+        if side and self.config.model_calls == "main":
             await self._answer_side(send, seq, request, path, started)
             return
         await self._main(send, receive, seq, request, path, side, hdrs, conn)
@@ -575,12 +470,11 @@ class ModelEndpoint(RotatingToken):
     async def _answer_side(
         self, send: Any, seq: int, request: ModelRequest, path: str, started: float
     ) -> None:
-        completion = Completion(content=self.side_answer)
+        completion = Completion(content=self.config.side_answer)
         writer = AnswerWriter(request)
         with self._lock:
             self._record(seq, request, path, True, completion, 200, "", started)
-        await _start(send, writer)
-        await _end(send, writer.head() + writer.body(completion))
+        await write_whole(send, writer, completion)
 
     async def _main(
         self,
@@ -602,13 +496,13 @@ class ModelEndpoint(RotatingToken):
             if call is None:
                 replay = self._replay.get(key)
             if call is None and replay is None:
-                if len(self._open) >= self.max_pending:
+                if len(self._open) >= self.config.max_pending:
                     call = None
                 else:
                     call = PendingCall(seq, request, path, side)
                     call.keys = (exact, talk)
                     call.timer = asyncio.get_running_loop().call_later(
-                        self.policy_timeout_s, self._expire, call
+                        self.config.policy_timeout_s, self._expire, call
                     )
                     self._open[call.request_id] = call
                     self._by_key.setdefault(exact, call)
@@ -621,134 +515,35 @@ class ModelEndpoint(RotatingToken):
             await self._replay_answer(send, request, replay)
             return
         if call is None:
-            why = f"{self.max_pending} model calls already wait for the policy (max_pending)"
+            why = f"{self.config.max_pending} model calls already wait for the policy (max_pending)"
             with self._lock:
                 self._record(seq, request, path, side, None, 429, why, time.time())
             await send_json(send, 429, error_body(request.api, 429, why))
             return
-        await self._serve(call, _Exchange(send, request, call, conn), receive)
+        await self._serve(call, Exchange(send, request, call, conn), receive)
 
     async def _replay_answer(self, send: Any, request: ModelRequest, replay: Answered) -> None:
         writer = AnswerWriter(request)
         writer.answer_id, writer.created = replay.answer_id, replay.created
-        await _start(send, writer)
-        await _end(send, writer.head() + writer.body(replay.completion, replay.usage))
+        await write_whole(send, writer, replay.completion, replay.usage)
         self.last_activity = time.monotonic()
 
-    async def _serve(self, call: PendingCall, ex: _Exchange, receive: Any) -> None:
-        """Hold one exchange of ``call`` open until its answer, a retry, a drop or a cut."""
-        old, call.exchange = call.exchange, ex
-        if old is not None:  # the harness retried: the newest connection gets the answer
-            old.superseded = True
-            old.wake.set()
-        sse = ex.request.sse
-        if sse:
-            await _start(ex.send, ex.writer)
-            await ex.send(
-                {"type": "http.response.body", "body": ex.writer.head(), "more_body": True}
-            )
-        disconnect = asyncio.ensure_future(receive())
-        waiter: asyncio.Future[Any] | None = None
-        try:
-            while not (call.finished or ex.superseded):
-                waiter = asyncio.ensure_future(ex.wake.wait())
-                done, _ = await asyncio.wait(
-                    {waiter, disconnect},
-                    timeout=self.keepalive_s,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                waiter.cancel()
-                ex.wake.clear()
-                if disconnect in done:  # the call stays: a retry may come
-                    return
-                if not done and sse and not call.finished:
-                    beat = ex.writer.keepalive()
-                    await ex.send({"type": "http.response.body", "body": beat, "more_body": True})
-            if ex.superseded:
-                if ex.conn is not None:
-                    ex.conn.table.drop(ex.conn)  # closes the socket of the older connection
-                return
-            await self._write_result(call, ex)
-        finally:
-            if waiter is not None:
-                waiter.cancel()
-            disconnect.cancel()
-            if call.exchange is ex:
-                call.exchange = None
-
-    async def _write_result(self, call: PendingCall, ex: _Exchange) -> None:
-        writer, sse = ex.writer, ex.request.sse
-        if call.answer is not None:
-            completion, usage = call.answer
-            data = writer.body(completion, usage)
-            if not sse:
-                await _start(ex.send, writer, len(data))
-            await _end(ex.send, data)
-        else:
-            status, message = call.failure or (500, "no answer")
-            if sse:
-                await _end(ex.send, writer.fail(message))
-            else:
-                await send_json(ex.send, status, error_body(ex.request.api, status, message))
-        self.last_activity = time.monotonic()
+    async def _serve(self, call: PendingCall, ex: Exchange, receive: Any) -> None:
+        if await hold(call, ex, receive, self.config.keepalive_s):
+            self.last_activity = time.monotonic()
 
     def _expire(self, call: PendingCall) -> None:
-        why = f"the policy did not answer within policy_timeout_s={self.policy_timeout_s}s"
+        why = f"the policy did not answer within policy_timeout_s={self.config.policy_timeout_s}s"
         with self._lock:
             if call.finished:
                 return
             self._finish(call, failure=(504, why))
-        _wake(call)
+        wake(call)
 
     async def _flush(self, calls: list[PendingCall]) -> None:
         """Wake the exchanges of ``calls`` and wait (bounded) until they are written."""
         for call in calls:
-            _wake(call)
+            wake(call)
         deadline = time.monotonic() + _CUT_TIMEOUT_S / 2
         while any(c.exchange is not None for c in calls) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-
-
-def _wake(call: PendingCall) -> None:
-    """Wake the exchange waiting on ``call`` (server loop only)."""
-    if call.timer is not None and call.finished:
-        call.timer.cancel()
-    if call.exchange is not None:
-        call.exchange.wake.set()
-
-
-async def _start(send: Any, writer: AnswerWriter, length: int | None = None) -> None:
-    headers = [(b"content-type", writer.content_type.encode())]
-    if length is not None:
-        headers.append((b"content-length", str(length).encode()))
-    elif writer.request.sse:
-        headers.append((b"cache-control", b"no-cache"))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-
-
-async def _end(send: Any, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-def other_answer(method: str, path: str) -> tuple[int, bytes]:
-    """The answer to what is no model call: Claude Code's ``HEAD /``, model lists, token counts.
-
-    Returns:
-        ``(status, JSON body)``.
-    """
-    if path == "/":
-        return 200, b"{}"
-    if method == "GET" and path.endswith("/models"):
-        return 200, json.dumps({"object": "list", "data": [], "models": []}).encode()
-    if path.endswith("/count_tokens"):
-        return 200, b'{"input_tokens": 1}'
-    if path.endswith(":countTokens"):
-        return 200, b'{"totalTokens": 1}'
-    return 404, json.dumps({"error": {"message": f"no route for {method} {path}"}}).encode()
-
-
-async def _send_other(send: Any, method: str, path: str) -> None:
-    status, data = other_answer(method, path)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else data})
