@@ -22,6 +22,7 @@ from support.cli import Calls, cli_env, real_cli
 from test_model_wire import ENV_TOOL, captured, read_back
 from test_model_wire_cli import PROMPT, adding_policy, harness_for
 
+from gym_harness.errors import ConfigError
 from gym_harness.model import (
     Completion,
     InvalidAction,
@@ -198,17 +199,29 @@ def test_calls_that_are_no_model_calls_are_answered_at_once(ep: ModelEndpoint) -
 
 
 def test_the_key_is_required_and_rotates(ep: ModelEndpoint) -> None:
+    before = ep.last_activity
     for key in ("", "wrong-key-wrong-key"):
         resp = post(ep, "codex", key=key).getresponse()
         assert resp.status == 401 and b"key" in resp.read()
+    assert ep.last_activity == before  # no sign of life from a stranger
     old = ep.token
     ep.rotate_token()
     assert post(ep, "claude", key=old).getresponse().status == 401
     assert not waiting(ep) and ep.calls() == []
     conn = post(ep, "claude")
     call = claim(ep)
+    assert ep.last_activity > before
     ep.deliver(call.request_id, Completion(content="hi"))
     assert conn.getresponse().status == 200
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"model_calls": "some"}, {"keepalive_s": 0}, {"max_pending": 0}, {"max_records": True}],
+)
+def test_settings_out_of_range_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        ModelEndpoint(**options)
 
 
 # -- side calls -------------------------------------------------------------------------------

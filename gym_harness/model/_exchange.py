@@ -11,7 +11,9 @@ endpoint's server loop only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
 from typing import Any
 
@@ -23,6 +25,7 @@ from gym_harness.model.request import ModelRequest
 __all__ = [
     "Exchange",
     "PendingCall",
+    "WakeFlag",
     "end_answer",
     "hold",
     "other_answer",
@@ -177,6 +180,41 @@ async def write_whole(
     """Write a whole answer at once (a side call's, a replayed one)."""
     await start_answer(send, writer)
     await end_answer(send, writer.head() + writer.body(completion, usage))
+
+
+class WakeFlag:
+    """A pipe that is readable exactly while the flag is set (for the caller's ``poll``).
+
+    Threads: :meth:`set` and :meth:`close` under the owner's lock; :attr:`fd` anywhere.
+    """
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write, False)
+        self._set = self._closed = False
+
+    def set(self, value: bool) -> None:
+        """Raise or lower the flag."""
+        if self._closed or value == self._set:
+            return
+        try:
+            if value:
+                os.write(self._write, b"!")
+            else:
+                os.read(self.fd, 64)
+        except OSError:  # closed
+            return
+        self._set = value
+
+    def close(self) -> None:
+        """Close both ends (idempotent: a closed number may already be another file's)."""
+        if self._closed:
+            return
+        self._closed = self._set = True  # never read or written again
+        for fd in (self.fd, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def wake(call: PendingCall) -> None:

@@ -40,7 +40,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
@@ -57,6 +56,7 @@ from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.model._exchange import (
     Exchange,
     PendingCall,
+    WakeFlag,
     hold,
     other_answer,
     send_other,
@@ -177,10 +177,7 @@ class ModelEndpoint(LoopbackService):
         self._unclaimed: collections.deque[PendingCall] = collections.deque()
         self._seq = 0
         self._ids = f"req_{uuid.uuid4().hex[:8]}_"  # request ids unique across endpoints
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._wake_set = False
+        self._wake = WakeFlag()
         #: ``time.monotonic()`` of the last request, or answer written: the harness's signs
         #: of life (keep-alives are the endpoint's own bytes and do not count).
         self.last_activity = time.monotonic()
@@ -196,7 +193,7 @@ class ModelEndpoint(LoopbackService):
 
         Closed by :meth:`stop`.
         """
-        return self._wake_r
+        return self._wake.fd
 
     @property
     def busy(self) -> bool:
@@ -266,9 +263,7 @@ class ModelEndpoint(LoopbackService):
             logger.debug("model endpoint: cut on stop failed", exc_info=True)
         self._stop_server()
         with self._lock:
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            self._wake.close()
 
     # -- the policy side (caller's thread) ----------------------------------------------------
 
@@ -335,17 +330,7 @@ class ModelEndpoint(LoopbackService):
 
     def _set_wake(self) -> None:
         """Make the wake pipe readable exactly while an unclaimed call waits (holds the lock)."""
-        want = any(not c.finished for c in self._unclaimed)
-        if want == self._wake_set:
-            return
-        try:
-            if want:
-                os.write(self._wake_w, b"!")
-            else:
-                os.read(self._wake_r, 64)
-        except OSError:  # closed by stop()
-            return
-        self._wake_set = want
+        self._wake.set(any(not c.finished for c in self._unclaimed))
 
     def _finish(
         self,
@@ -425,7 +410,6 @@ class ModelEndpoint(LoopbackService):
     async def _app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        self.last_activity = time.monotonic()
         started = time.time()
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
@@ -435,6 +419,7 @@ class ModelEndpoint(LoopbackService):
             message = "missing or wrong model endpoint key; send the key rotate_token() gave"
             await send_json(send, 401, error_body(api_of(path), 401, message))
             return
+        self.last_activity = time.monotonic()  # a sign of life only from the key's holder
         conn = scope.get("state", {}).get(CONNECTION_KEY)
         if conn is not None:
             conn.owner = self._token  # authenticated: never evicted while busy
