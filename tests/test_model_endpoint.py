@@ -505,8 +505,8 @@ def test_stop_is_bounded_idempotent_and_leaves_no_thread() -> None:
 class Driver:
     """The policy side of the env, in a thread: claim each call, answer it after a pause."""
 
-    def __init__(self, ep: ModelEndpoint, pause_s: float) -> None:
-        self.ep, self.pause_s = ep, pause_s
+    def __init__(self, ep: ModelEndpoint, pause_s: float, first_pause_s: float = 0.0) -> None:
+        self.ep, self.pause_s, self.first_pause_s = ep, pause_s, first_pause_s
         self.stop = threading.Event()
         self.steps: list[PendingCall] = []
         self.thread = threading.Thread(target=self.run, name="test-policy", daemon=True)
@@ -518,7 +518,9 @@ class Driver:
             if call is None:
                 continue
             self.steps.append(call)
-            self.stop.wait(self.pause_s)  # a slow policy: the stream gets keep-alives meanwhile
+            self.stop.wait(
+                self.first_pause_s if len(self.steps) == 1 else self.pause_s
+            )  # a slow policy: the stream gets keep-alives meanwhile
             action = json.loads(adding_policy(call.observation))
             action = action if isinstance(action, dict) else {"content": action}
             self.ep.deliver(call.request_id, call.parse(json.dumps({**action, "token_ids": [1]})))
@@ -533,14 +535,17 @@ class Driver:
 
 
 @real_cli(timeout=150)
-def test_claude_code_takes_the_endpoint_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("first_pause_s", [0.5, 20.0], ids=["quick", "slow_policy"])
+def test_claude_code_takes_the_endpoint_answers(
+    monkeypatch: pytest.MonkeyPatch, first_pause_s: float
+) -> None:
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     calls = Calls()
-    with ModelEndpoint(keepalive_s=0.1) as ep:
+    with ModelEndpoint(keepalive_s=1.0) as ep:
         monkeypatch.setenv("ANTHROPIC_API_KEY", ep.rotate_token())
         env = cli_env(harness_for("claude", ep.base_url), calls, startup_timeout_s=60)
         try:
-            with Driver(ep, pause_s=0.5) as driver:
+            with Driver(ep, pause_s=0.5, first_pause_s=first_pause_s) as driver:
                 env.reset()
                 reply, _, terminated, truncated, info = env.step(PROMPT)
         finally:
@@ -549,6 +554,7 @@ def test_claude_code_takes_the_endpoint_answers(monkeypatch: pytest.MonkeyPatch)
     assert (terminated, truncated, info["error_type"]) == (False, False, ""), info
     assert calls.seen == [(20, 22)] and "42" in reply
     main = [r for r in records if not r.side]
+    # One step per call: a slow first answer made no retry and no second step.
     assert [r.request_id for r in main] == [c.request_id for c in driver.steps]
     assert all(r.retries == 0 and r.status == 200 and r.token_ids == [1] for r in main)
     first = next(r for r in main if r.completion and r.completion.tool_calls)
