@@ -77,6 +77,7 @@ class PendingCall:
 
     @property
     def finished(self) -> bool:
+        """Answered, failed, cut or timed out: no longer waiting."""
         return self.answer is not None or self.failure is not None
 
     def parse(self, action: str, limits: ActionLimits = _LIMITS) -> Completion:
