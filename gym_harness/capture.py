@@ -26,7 +26,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from gym_harness._loopback import LoopbackServer, RotatingToken
 from gym_harness._proxy_http import (
     Call,
     add_logprobs,
@@ -35,6 +34,7 @@ from gym_harness._proxy_http import (
     send_json,
 )
 from gym_harness._secrets import Redactor, carries, swap_credentials
+from gym_harness._served import LoopbackService
 from gym_harness.capture_records import (
     ModelExchange,
     SSEEvent,
@@ -63,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_STOP_TIMEOUT_S = 3.0
 #: Default cap on each recorded body (the harness still gets the whole answer).
 DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
 #: Default limit on a request body; larger ones get 413 before they are read.
@@ -91,7 +90,7 @@ class _QuietBrokenStreams(logging.Filter):
         return not isinstance(exc, _StreamBroken | asyncio.CancelledError)
 
 
-class ModelProxy(RotatingToken):
+class ModelProxy(LoopbackService):
     """Forward a harness's model calls to the real API and record each exchange.
 
     Args:
@@ -118,6 +117,9 @@ class ModelProxy(RotatingToken):
         ...     ...
         ...     exchanges = proxy.drain()
     """
+
+    label = "model proxy"
+    error = CaptureError
 
     def __init__(
         self,
@@ -152,8 +154,6 @@ class ModelProxy(RotatingToken):
         self._records: list[ModelExchange] = []
         self._pending: list[dict[str, Any]] = []
         self._seq = 0
-        self._state = Lifecycle.NEW
-        self._server: LoopbackServer | None = None
         self._pool: UpstreamPool | None = None
         # ASGI tasks of exchanges in flight (proxy thread), and why the env cut any of them.
         self._inflight: set[asyncio.Task[Any]] = set()
@@ -172,26 +172,10 @@ class ModelProxy(RotatingToken):
     # -- public surface ---------------------------------------------------------------
 
     @property
-    def state(self) -> Lifecycle:
-        """Where the proxy is in its lifecycle."""
-        return self._state
-
-    @property
     def busy(self) -> bool:
         """Always False (``Liveness``): a model call in flight does not hold the idle
         deadline, so a stalled upstream ends the turn as ``idle_timeout``."""
         return False
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``: use it where the harness expects the API's origin.
-
-        Raises:
-            CaptureError: The proxy is not running.
-        """
-        if self._state is not Lifecycle.RUNNING or self._server is None:
-            raise CaptureError(f"the model proxy is {self._state.value}; call start() first")
-        return f"http://127.0.0.1:{self._server.port}"
 
     def records(self) -> list[ModelExchange]:
         """The exchanges recorded since the last :meth:`drain`, oldest first (not consumed)."""
@@ -246,40 +230,18 @@ class ModelProxy(RotatingToken):
         Raises:
             CaptureError: The proxy was closed, or could not bind or start in time.
         """
-        if self._state is Lifecycle.RUNNING:
-            return
-        if self._state is Lifecycle.STOPPED:
-            raise CaptureError("this model proxy was stopped; make a new ModelProxy")
         logging.getLogger("uvicorn.error").addFilter(_QUIET)
-        server = LoopbackServer(
+        self._start_server(
             self._app,
-            label="model proxy",
             thread_name="gym-harness-capture",
-            error=CaptureError,
-            stop_timeout_s=_STOP_TIMEOUT_S,
             options=_UVICORN_OPTIONS,
             context=self._upstream_pool,
         )
-        server.start()
-        self._server = server
-        self._state = Lifecycle.RUNNING
 
     def stop(self) -> None:
         """Stop serving and close the upstream client. Idempotent, bounded, never raises."""
-        if self._state is Lifecycle.STOPPED:
-            return
-        self._state = Lifecycle.STOPPED
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()  # bounded, never raises
-        self._pool = None
-
-    def __enter__(self) -> ModelProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        if self._stop_server():
+            self._pool = None
 
     # -- the ASGI app (proxy thread) ----------------------------------------------------
 

@@ -28,6 +28,7 @@ __all__ = [
     "BridgeError",
     "CallbackError",
     "CaptureError",
+    "EndpointError",
     "ConfigError",
     "HarnessCrashed",
     "HarnessError",
@@ -108,6 +109,10 @@ class ToolConflictError(HarnessError):
 
 class CaptureError(HarnessError):
     """The model proxy could not start or forward."""
+
+
+class EndpointError(HarnessError):
+    """The model endpoint (``mode="model"``) could not start, or was used outside its lifecycle."""
 
 
 class CallbackError(HarnessError):

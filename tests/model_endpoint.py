@@ -29,6 +29,7 @@ from gym_harness.model import (
     Completion,
     InvalidAction,
     error_body,
+    other_answer,
     parse_action,
     read_request,
 )
@@ -105,7 +106,7 @@ class ModelEndpoint:
             request_id = f"req-{self._count}"
         request = read_request(path, raw, query=query, request_id=request_id)
         if h.command != "POST" or request is None:
-            _send(h, *_other(h.command, path))
+            _send(h, *other_answer(h.command, path))
             return
         observation = request.observation()
         writer = AnswerWriter(request)
@@ -145,19 +146,6 @@ class ModelEndpoint:
     def _log(self, call: Call) -> None:
         with self._lock:
             self._calls.append(call)
-
-
-def _other(method: str, path: str) -> tuple[int, bytes]:
-    """What is no model call: Claude Code's ``HEAD /``, model lists, token counts."""
-    if path == "/":
-        return 200, b"{}"
-    if method == "GET" and path.endswith("/models"):
-        return 200, json.dumps({"object": "list", "data": [], "models": []}).encode()
-    if path.endswith("/count_tokens"):
-        return 200, b'{"input_tokens": 1}'
-    if path.endswith(":countTokens"):
-        return 200, b'{"totalTokens": 1}'
-    return 404, json.dumps({"error": {"message": f"no route for {method} {path}"}}).encode()
 
 
 def _send(h: BaseHTTPRequestHandler, status: int, data: bytes) -> None:

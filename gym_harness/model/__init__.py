@@ -11,6 +11,10 @@ The three steps of one model call, each pure and bounded:
 * :class:`AnswerWriter` (or :func:`encode_answer`) writes the completion in the
   request's wire format, streamed or not, with the API's keep-alive for a slow policy.
 
+:class:`ModelEndpoint` serves those steps over loopback HTTP: each main model call
+waits as a :class:`PendingCall` until the env delivers its completion, and every call
+is kept as a :class:`ModelCall` record.
+
 Example:
     >>> req = read_request("/v1/chat/completions", b'{"model": "m", "messages": '
     ...     b'[{"role": "user", "content": "hi"}]}', request_id="r1")
@@ -29,6 +33,15 @@ from gym_harness.model.action import (
     parse_action,
 )
 from gym_harness.model.answer import AnswerWriter, Usage, encode_answer, error_body
+from gym_harness.model.calls import ModelCall
+from gym_harness.model.endpoint import (
+    EndpointConfig,
+    EndpointError,
+    ModelEndpoint,
+    PendingCall,
+    SideCall,
+    other_answer,
+)
 from gym_harness.model.request import MAX_REQUEST_BYTES, ModelRequest, WireTool, read_request
 
 __all__ = [
@@ -37,14 +50,21 @@ __all__ = [
     "ActionLimits",
     "AnswerWriter",
     "Completion",
+    "EndpointConfig",
+    "EndpointError",
     "InvalidAction",
+    "ModelCall",
+    "ModelEndpoint",
     "ModelRequest",
+    "PendingCall",
+    "SideCall",
     "ToolCall",
     "Usage",
     "WireTool",
     "encode_answer",
     "error_body",
     "new_call_id",
+    "other_answer",
     "parse_action",
     "read_request",
 ]

@@ -1,0 +1,303 @@
+"""The records of model mode: one :class:`ModelCall` per model call, kept under bounds.
+
+A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
+observation the policy saw (messages, tools, sampling), the completion it gave, its
+``token_ids``/``logprobs``/``usage``, and how the exchange ended. :class:`CallLog`
+keeps them, in the order the calls arrived, under a count and a byte bound.
+:func:`retry_keys` tells a harness's retry from a new call, and :class:`ReplayTable`
+remembers recent answers so that a retry gets the same answer again.
+:class:`EndpointConfig` holds the endpoint's settings and these bounds.
+
+Threads: :class:`ModelCall` is immutable. :class:`CallLog` and :class:`ReplayTable`
+lock nothing themselves: their owner (``ModelEndpoint``) calls them under its lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from gym_harness._connections import MAX_CONNECTIONS
+from gym_harness.errors import ConfigError
+from gym_harness.model.action import Completion
+from gym_harness.model.answer import Usage
+
+__all__ = ["CallLog", "EndpointConfig", "ModelCall", "ReplayTable", "retry_keys"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """How a :class:`ModelEndpoint` answers, and its bounds.
+
+    Attributes:
+        model_calls: ``"main"`` (side calls get ``side_answer`` at once) or ``"all"``
+            (every model call waits for the policy).
+        keepalive_s: Pause between keep-alives on a waiting stream.
+        policy_timeout_s: Longest wait for the policy, from the call's arrival.
+        max_pending: Most main calls waiting at once; more get 429.
+        max_request_bytes: Largest request body; a larger one gets 413.
+        max_records: Most records kept between two ``drain()`` calls.
+        max_record_bytes: Most bytes of observations and completions kept in records.
+        max_replay: Most answered calls remembered for retries (their completions take at
+            most a quarter of ``max_record_bytes``).
+        side_answer: The text side calls get.
+        max_connections: Most open connections.
+    """
+
+    model_calls: str = "main"
+    keepalive_s: float = 5.0
+    policy_timeout_s: float = 600.0
+    max_pending: int = 64
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_records: int = 4096
+    max_record_bytes: int = 256 * 1024 * 1024
+    max_replay: int = 64
+    side_answer: str = "OK"
+    max_connections: int = MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        if self.model_calls not in ("main", "all"):
+            raise ConfigError(f'model_calls must be "main" or "all", got {self.model_calls!r}')
+        if not (self.keepalive_s > 0 and self.policy_timeout_s > 0):
+            raise ConfigError("keepalive_s and policy_timeout_s must be positive seconds")
+        ints = [f.name for f in fields(self) if f.name.startswith("max_")]
+        bad = [n for n in ints if type(getattr(self, n)) is not int or getattr(self, n) < 1]
+        if bad:
+            raise ConfigError(f"{bad[0]} must be a positive int, got {getattr(self, bad[0])!r}")
+
+
+# The request fields that carry the conversation itself, in each API; a retry the SDK
+# makes with a new stream form or a new token limit keeps these.
+_CONVERSATION = (
+    "messages",
+    "system",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+    "tools",
+)
+_STREAM_KEYS = frozenset({"stream", "stream_options"})
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call of the harness and how it ended.
+
+    Attributes:
+        seq: Arrival order on the endpoint (1, 2, ...).
+        request_id: The id the observation carried.
+        api: ``"anthropic"``, ``"responses"``, ``"chat"`` or ``"gemini"``.
+        path: The request path.
+        side: The adapter called it a side call (a title, a summary): no policy step.
+        observation: What the policy saw (:meth:`ModelRequest.observation`); ``None`` for
+            a call refused before it was read, or a record cut by the byte bound.
+        completion: The answer, or ``None`` when it ended in an error.
+        status: The HTTP status the harness got (200, or the error's).
+        error: Why the call ended without an answer ("" when answered).
+        started: Wall-clock time the request arrived.
+        answered: Wall-clock time it was answered or given up.
+        retries: How many retries of the harness joined this call.
+        truncated: The record lost its observation and completion to the byte bound.
+    """
+
+    seq: int
+    request_id: str
+    api: str
+    path: str
+    side: bool
+    observation: dict[str, Any] | None
+    completion: Completion | None
+    status: int
+    error: str
+    started: float
+    answered: float
+    retries: int = 0
+    truncated: bool = False
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The policy's token ids for this completion, when the action carried them."""
+        found = self.completion.token_ids if self.completion else None
+        return None if found is None else list(found)
+
+    @property
+    def logprobs(self) -> list[Any] | None:
+        """The policy's log-probabilities, when the action carried them."""
+        found = self.completion.logprobs if self.completion else None
+        return None if found is None else list(found)
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        """The policy's token counts, when the action carried them."""
+        return dict(self.completion.usage) if self.completion else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage`` sit at the top level."""
+        completion = self.completion.to_dict() if self.completion else None
+        if completion is not None:
+            for key in ("token_ids", "logprobs", "usage"):
+                completion.pop(key, None)
+        return {
+            "seq": self.seq,
+            "request_id": self.request_id,
+            "api": self.api,
+            "path": self.path,
+            "side": self.side,
+            "observation": self.observation,
+            "completion": completion,
+            "token_ids": self.token_ids,
+            "logprobs": self.logprobs,
+            "usage": self.usage,
+            "status": self.status,
+            "error": self.error,
+            "started": self.started,
+            "answered": self.answered,
+            "retries": self.retries,
+            "truncated": self.truncated,
+        }
+
+
+def weight(request_bytes: int, completion: Completion | None) -> int:
+    """About how many bytes a record holds (its request body, its completion)."""
+    if completion is None:
+        return request_bytes + 256
+    size = len(completion.content) + sum(
+        len(c.name) + len(c.arguments_json) for c in completion.tool_calls
+    )
+    size += 8 * (len(completion.token_ids or ()) + len(completion.logprobs or ()))
+    return request_bytes + size + 256
+
+
+class CallLog:
+    """The records since the last :meth:`drain`, oldest arrival first, under two bounds.
+
+    Past ``max_bytes`` a record keeps its facts but loses its observation and
+    completion (``truncated``); past ``max_records`` a record is not kept, and
+    :attr:`dropped` counts it (with one warning), so the loss is never silent.
+
+    Args:
+        max_records: Most records kept.
+        max_bytes: Most bytes (see :func:`weight`) of observations and completions kept.
+    """
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        self._calls: list[ModelCall] = []
+        self._bytes = 0
+
+    def add(self, call: ModelCall, size: int) -> None:
+        """Keep ``call``, whose :func:`weight` is ``size``."""
+        if len(self._calls) >= self.max_records:
+            if not self.dropped:
+                logger.warning(
+                    "model endpoint: %d records kept, the limit; drop them with drain()",
+                    self.max_records,
+                )
+            self.dropped += 1
+            return
+        if self._bytes + size > self.max_bytes:
+            call = replace(call, observation=None, completion=None, truncated=True)
+            size = 256
+        self._bytes += size
+        bisect.insort(self._calls, call, key=lambda c: c.seq)
+
+    def records(self) -> list[ModelCall]:
+        """The records kept (not consumed)."""
+        return list(self._calls)
+
+    def drain(self) -> list[ModelCall]:
+        """The records kept; forgets them (and the count of dropped ones)."""
+        out, self._calls, self._bytes, self.dropped = self._calls, [], 0, 0
+        return out
+
+
+def retry_keys(path: str, body: dict[str, Any]) -> tuple[str, str]:
+    """Two fingerprints of a request: ``(exact, conversation)``.
+
+    ``exact`` hashes the path and the whole body bar ``stream``/``stream_options`` (a
+    streamed call retried unstreamed, as Claude Code's fallback does, keeps it).
+    ``conversation`` hashes only what holds the conversation (messages, system, tools,
+    ...): an SDK retry (``x-stainless-retry-count`` > 0) is matched on it, so a retry
+    that also changed a token limit still joins its call. Gemini's streamed and
+    unstreamed paths count as one.
+    """
+    path = path.replace(":streamGenerateContent", ":generateContent")
+    rest = {k: v for k, v in body.items() if k not in _STREAM_KEYS}
+    talk = {k: body[k] for k in _CONVERSATION if k in body}
+    return _digest(path, rest), _digest(path, talk)
+
+
+def _digest(path: str, value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(f"{path}\n{text}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What re-writes an answer byte for byte: the completion, its wire usage and ids."""
+
+    completion: Completion
+    usage: Usage
+    answer_id: str
+    created: int
+    record_seq: int
+
+
+class ReplayTable:
+    """Recently answered calls by fingerprint, least recently used dropped first.
+
+    Args:
+        max_entries: Most answers remembered.
+        max_bytes: Most completion bytes remembered (see :func:`weight`).
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._table: OrderedDict[str, tuple[Answered, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def put(self, keys: tuple[str, ...], answer: Answered) -> None:
+        """Remember ``answer`` under each of ``keys``."""
+        size = weight(0, answer.completion)
+        if size > self.max_bytes:
+            return
+        for key in keys:
+            self._pop(key)
+            self._table[key] = (answer, size)
+            self._bytes += size
+        while self._table and (len(self._table) > self.max_entries or self._bytes > self.max_bytes):
+            self._pop(next(iter(self._table)))
+
+    def get(self, key: str) -> Answered | None:
+        """The answer remembered under ``key`` (now the most recently used), or ``None``."""
+        found = self._table.get(key)
+        if found is None:
+            return None
+        self._table.move_to_end(key)
+        return found[0]
+
+    def clear(self) -> None:
+        """Forget everything (a new episode)."""
+        self._table.clear()
+        self._bytes = 0
+
+    def _pop(self, key: str) -> None:
+        found = self._table.pop(key, None)
+        if found is not None:
+            self._bytes -= found[1]
