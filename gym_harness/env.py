@@ -192,7 +192,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             options: ``{"task_id": id}`` or ``{"task": {...}}`` picks the task.
 
         Returns:
-            The task prompt ("" without tasks) and the info dict.
+            The task prompt ("" without tasks) and the info (``StepInfo``'s keys).
         """
         if self._state is EpisodeState.CLOSED:
             raise ConfigError("reset() on a closed env; make a new one.")
