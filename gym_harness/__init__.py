@@ -16,7 +16,12 @@ import importlib
 import typing
 
 from gym_harness.capture_records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
-from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
+from gym_harness.chat_format import (
+    exchange_messages,
+    exchange_records,
+    exchange_tools,
+    llm_exchanges,
+)
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig, ProcessSpec, TurnLimits
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
@@ -30,6 +35,7 @@ from gym_harness.errors import (
     ProtocolError,
     ToolConflictError,
     TurnTimeout,
+    WorkerLost,
 )
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses import (
@@ -50,7 +56,7 @@ from gym_harness.registration import register_envs
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
 from gym_harness.tools import RESERVED_TOOL_NAMES, ToolSpec, resolve_tool_conflicts, tool_tags
-from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
+from gym_harness.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
 from gym_harness.vector import make_vector_env
 
 if typing.TYPE_CHECKING:
@@ -116,6 +122,7 @@ __all__ = [
     "RewardContext",
     "RewardFn",
     "SSEEvent",
+    "StepInfo",
     "Task",
     "TokenLogprob",
     "ToolCallRecord",
@@ -128,11 +135,13 @@ __all__ = [
     "TurnResult",
     "TurnTimeout",
     "UnicodeText",
+    "WorkerLost",
     "__version__",
     "exchange_messages",
     "exchange_records",
     "exchange_tools",
     "harness_class",
+    "llm_exchanges",
     "load_tasks",
     "make_vector_env",
     "register_envs",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_harness.events import TurnResult
+from gym_harness.events import HarnessEvent, TurnResult
 from gym_harness.model.action import Completion, InvalidAction
 from gym_harness.outcome import Outcome
 
@@ -53,16 +53,53 @@ class ModelTurns:
 
     Args:
         endpoint: The env's model endpoint (started, its key given to this episode).
+        user_fn: ``user_fn(trajectory) -> str | None`` at each turn's end, or ``None``.
     """
 
     endpoint: ModelEndpoint
+    user_fn: UserFn | None = None
+    #: The main model call the policy holds (the observation), if any.
     pending: PendingCall | None = None
     #: The messages of the last call answered, with its answer (the transcript so far).
     messages: list[dict[str, Any]] | None = None
+    #: The user message of the turn under way.
+    message: str = ""
+    #: A turn that ended before its first model call (during ``reset``), for the next step.
+    ended: TurnResult | None = None
+    #: How many of the turn's events earlier steps reported.
+    shown: int = 0
 
-    def reset(self) -> None:
-        """Forget the last episode (its calls were cut with it)."""
-        self.pending, self.messages = None, None
+    def begin(self, runner: TurnRunner, message: str, deadline: float | None) -> None:
+        """Send the episode's first user message and run to the first model call."""
+        self.pending, self.messages, self.ended, self.shown = None, None, None, 0
+        self.message = message
+        self.ended = self.run(runner, message, deadline)
+
+    def step(self, runner: TurnRunner, action: str, deadline: float | None) -> TurnResult | None:
+        """Answer the pending call with ``action`` and run to the next one (``None``) or
+        to the turn's end (its result; ``invalid_action`` for an action that does not fit)."""
+        if self.ended is not None or self.pending is None:
+            ended, self.ended = self.ended, None
+            return ended or TurnResult(error_type=Outcome.PROTOCOL_ERROR, error="no model call")
+        try:
+            self.answer(action)
+        except InvalidAction as exc:
+            return invalid_action(exc, runner.paused_events)
+        return self.run(runner, None, deadline)
+
+    def next_turn(self, trajectory: Trajectory) -> str | None:
+        """After a turn's end: ``user_fn``'s next user message, or ``None`` to end."""
+        message = None if self.user_fn is None else self.user_fn(trajectory)
+        if message is not None:
+            if not isinstance(message, str):
+                raise TypeError(f"user_fn must return a str or None, got {type(message)!r}.")
+            self.message, self.shown = message, 0
+        return message
+
+    def new_events(self, events: tuple[HarnessEvent, ...]) -> tuple[HarnessEvent, ...]:
+        """The events of the turn that no earlier step reported."""
+        fresh, self.shown = events[self.shown :], len(events)
+        return fresh
 
     def run(
         self, runner: TurnRunner, message: str | None, deadline: float | None

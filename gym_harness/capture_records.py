@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gym_harness import _json
+from gym_harness.events import EventType, HarnessEvent
 
 __all__ = [
     "MAX_DEPTH",
@@ -116,6 +117,26 @@ class ModelExchange:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
         return dict(json.loads(json.dumps(asdict(self))))
+
+    def to_events(self) -> tuple[HarnessEvent, HarnessEvent]:
+        """The exchange as the ``llm_request`` / ``llm_response`` pair of a turn's events.
+
+        The request event (at ``started_at``) holds ``seq``, ``api``, ``method``, ``path``,
+        ``request`` and ``request_text``; the response event (at ``started_at + total_s``)
+        holds ``seq`` and every other field. Merged back, they are ``to_dict()``
+        (``chat_format.exchange_records`` does that).
+        """
+        record = self.to_dict()
+        request = {key: record.pop(key) for key in _REQUEST_KEYS}
+        record["seq"] = self.seq
+        return (
+            HarnessEvent(EventType.LLM_REQUEST, request, self.started_at),
+            HarnessEvent(EventType.LLM_RESPONSE, record, self.started_at + self.total_s),
+        )
+
+
+#: The fields of an exchange that its ``llm_request`` event carries.
+_REQUEST_KEYS = ("seq", "api", "method", "path", "request", "request_text")
 
 
 #: Deepest JSON nesting a record holds parsed (real requests nest about ten deep).

@@ -5,6 +5,8 @@
 messages: the prompt the harness sent, whatever its wire API, then the model's
 answer as one assistant message. :func:`exchange_tools` gives the tools the
 request offered, as OpenAI function schemas (TRL's ``tools`` column).
+:func:`llm_exchanges` does both for every model call of a rollout record's turns
+(the ``llm_exchanges`` column ``gym-harness rollout --capture`` writes).
 
 Every message has ``role`` and a string ``content``; assistant messages also have
 ``tool_calls`` (``[{"type": "function", "id", "function": {"name", "arguments"}}]``,
@@ -22,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["exchange_messages", "exchange_records", "exchange_tools"]
+__all__ = ["exchange_messages", "exchange_records", "exchange_tools", "llm_exchanges"]
 
 Message = dict[str, Any]
 
@@ -339,3 +341,29 @@ def exchange_records(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
         elif event["type"] == "llm_response":
             records.append({**requests.pop(data["seq"], {}), **data})
     return records
+
+
+def llm_exchanges(turns: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Pair each turn's llm_request / llm_response events into exchange records.
+
+    Args:
+        turns: A rollout record's ``turns`` (``TurnRecord.to_dict()`` dicts).
+
+    Returns:
+        Per model call, in order: ``turn``, ``messages`` (the exchange as chat
+        messages: the prompt, then the model's answer with its tool calls), ``tools``
+        (the function tools offered, as OpenAI schemas) and ``raw`` (the proxy's whole
+        record). Requests that are no model call (probes, model lists, token counts)
+        are left out.
+    """
+    return [
+        {
+            "turn": turn["turn"],
+            "messages": exchange_messages(raw),
+            "tools": exchange_tools(raw),
+            "raw": raw,
+        }
+        for turn in turns
+        for raw in exchange_records(turn["events"])  # a call's two events share its turn
+        if raw.get("api", "other") != "other"
+    ]

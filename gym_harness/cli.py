@@ -26,9 +26,11 @@ from typing import Any, TextIO
 import gymnasium
 
 import gym_harness  # noqa: F401  (registers the env ids)
+from gym_harness.chat_format import llm_exchanges
+from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
-from gym_harness.rollout import run_episode
+from gym_harness.rollout import local_rollout
 from gym_harness.tasks import Task, load_tasks
 
 __all__ = ["main"]
@@ -202,7 +204,7 @@ def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             _, _, terminated, truncated, _ = env.step(message)
             if terminated or truncated:
                 break
-        trajectory = env.unwrapped.trajectory  # type: ignore[attr-defined]
+        trajectory = HarnessEnv.of(env).trajectory
         sys.stdout.write(trajectory.transcript())
         outcome, status = _run_outcome(trajectory.outcome, len(trajectory.turns))
         print(f"outcome: {outcome}   reward: {trajectory.total_reward:g}")
@@ -241,31 +243,23 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
         )
     if args.ray is not None:
         return _ray_rollout(args, kwargs, tasks, max_turns)
-    env = _make(args.env, kwargs)
-    total = len(tasks) * args.n
-    done = 0
-    progress = _Progress(total, sys.stderr)
+    progress = _Progress(len(tasks) * args.n, sys.stderr)
     try:
         with args.out.open("w", encoding="utf-8") as out:
-            for task in tasks:
-                for k in range(args.n):
-                    record = run_episode(
-                        env,
-                        task.to_dict(),
-                        env_id=args.env,
-                        seed=args.seed + done,
-                        index=k,
-                        max_turns=max_turns,
-                        follow_up=args.follow_up,
-                    )
-                    _add_exchanges(record, args)
-                    out.write(json.dumps(record) + "\n")
-                    out.flush()
-                    done += 1
-                    progress.update(done, record["outcome"])
+            done = local_rollout(
+                args.env,
+                kwargs,
+                tasks,
+                n=args.n,
+                seed=args.seed,
+                max_turns=max_turns,
+                follow_up=args.follow_up,
+                out=out,
+                progress=progress.update,
+                on_record=lambda record: _add_exchanges(record, args),
+            )
     finally:
         progress.close()
-        env.close()
     print(f"wrote {done} episodes to {args.out}")
     return 0
 
@@ -300,29 +294,6 @@ def _ray_rollout(
         progress.close()
     print(f"wrote {done} episodes to {args.out}")
     return 0
-
-
-def llm_exchanges(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pair each turn's llm_request / llm_response events into exchange records.
-
-    Each record has ``messages`` (the exchange as chat messages: the prompt, then the
-    model's answer with its tool calls), ``tools`` (the function tools offered, as
-    OpenAI schemas) and ``raw`` (the proxy's whole record). Requests that are no
-    model call (probes, model lists, token counts) are left out.
-    """
-    from gym_harness.chat_format import exchange_messages, exchange_records, exchange_tools
-
-    return [
-        {
-            "turn": turn["turn"],
-            "messages": exchange_messages(raw),
-            "tools": exchange_tools(raw),
-            "raw": raw,
-        }
-        for turn in turns
-        for raw in exchange_records(turn["events"])  # a call's two events share its turn
-        if raw.get("api", "other") != "other"
-    ]
 
 
 class _Progress:

@@ -36,7 +36,7 @@ def trajectory_html(trajectory: Trajectory) -> str:
     """Render an episode as one HTML fragment.
 
     Args:
-        trajectory: The episode (``env.unwrapped.trajectory``).
+        trajectory: The episode (``HarnessEnv.of(env).trajectory``).
 
     Returns:
         A ``<div>`` with escaped text only; safe to display in a notebook.

@@ -18,7 +18,6 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -36,14 +35,14 @@ from gym_harness._imports import import_attr
 from gym_harness._usercode import CallbackGuard, RewardRunner
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.events import HarnessEvent, TurnResult
 from gym_harness.harnesses import Harness, make_harness
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
 from gym_harness.spaces import UnicodeText
 from gym_harness.tasks import Task, load_tasks
-from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
+from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
 
 if TYPE_CHECKING:
@@ -184,7 +183,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             options: ``{"task_id": id}`` or ``{"task": {...}}`` picks the task.
 
         Returns:
-            The task prompt ("" without tasks) and the info dict.
+            The task prompt ("" without tasks) and the info (``StepInfo``'s keys).
         """
         if self._state is Lifecycle.STOPPED:
             raise ConfigError("reset() on a closed env; make a new one.")
@@ -243,8 +242,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 if self.config.episode_timeout_s is not None:
                     budget = self._episode_started + self.config.episode_timeout_s
                 result = self._runner.run(action, episode_deadline=budget)
-            if self._proxy is not None:
-                result = _with_model_calls(result, self._proxy)
+            if self._proxy is not None:  # a call still waiting upstream is cut into this turn
+                if result.error_type:
+                    self._proxy.cut_in_flight(f"the turn ended ({result.error_type})")
+                calls = self._proxy.drain()
+                result = result.with_events(e for call in calls for e in call.to_events())
             record = self._record(turn, action, result, started_at, time.monotonic() - start)
         except BaseException as exc:
             # The turn did not finish: its reply may still come, so no later step may read on.
@@ -288,6 +290,21 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 release_keeper()
 
     # ----------------------------------------------------------------- orchestrator
+
+    @classmethod
+    def of(cls, env: gymnasium.Env[Any, Any]) -> HarnessEnv:
+        """The ``HarnessEnv`` that ``env`` is or wraps: ``HarnessEnv.of(env).trajectory``.
+
+        Raises:
+            TypeError: ``env`` is neither a ``HarnessEnv`` nor a gymnasium wrapper of one.
+        """
+        inner = getattr(env, "unwrapped", env)
+        if not isinstance(inner, cls):
+            raise TypeError(
+                f"expected a HarnessEnv or a gymnasium wrapper of one, got {type(env).__name__} "
+                f"(unwrapped: {type(inner).__name__})."
+            )
+        return inner
 
     def list_tools(self) -> list[Any]:
         """The env tools as the harness sees them (``ToolSpec``s, served names)."""
@@ -433,70 +450,26 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
     ) -> TurnRecord:
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
-        terminated, truncated = end_flags(result)
-        record = TurnRecord(
-            turn=turn,
-            message=message,
-            response=result.response,
-            events=result.events,
-            reward=0.0,
-            terminated=terminated,
-            truncated=truncated,
-            error_type=str(result.error_type),
-            error=result.error,
-            started_at=started_at,
-            elapsed_s=elapsed,
-        )
+        record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
         self.trajectory.turns.append(record)
         if self.reward_fn is None:
             return record
         assert self._episode_dir is not None
-        ctx = RewardContext(
-            message=message,
-            response=result.response,
-            events=result.events,
-            workspace=self._episode_dir / "workspace",
-            turn=turn,
-            error_type=record.error_type,
-            terminated=terminated,
-            truncated=truncated,
-            task=None if self._task is None else self._task.to_dict(),
-        )
         if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
             self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
-        reward, outcome, why = self._rewards(ctx)
-        if outcome is Outcome.OK:
-            record = dataclasses.replace(record, reward=reward)
-        elif record.error_type:  # the turn's own fault stays its outcome
-            record = dataclasses.replace(record, error=f"{record.error}; {why}")
-        else:
-            record = dataclasses.replace(
-                record,
-                error_type=outcome.value,
-                error=why,
-                terminated=outcome.terminates,
-                truncated=outcome.truncates,
-            )
-        self.trajectory.turns[-1] = record
+        task = None if self._task is None else self._task.to_dict()
+        ctx = record.reward_context(self._episode_dir / "workspace", task)
+        self.trajectory.turns[-1] = record = record.scored(*self._rewards(ctx))
         return record
 
     def _info(
         self, turn: int, error_type: str, error: str, events: Sequence[HarnessEvent], elapsed: float
     ) -> dict[str, Any]:
         proc = self._proc
-        exit_code = 0 if proc is None or proc.exit_code is None else int(proc.exit_code)
-        return {
-            "turn": turn,
-            "error_type": str(error_type),
-            "error": error,
-            "events": [e.to_dict() for e in events],
-            "tool_calls": sum(1 for e in events if e.type is EventType.TOOL_CALL),
-            "elapsed_s": float(elapsed),
-            "exit_code": exit_code,
-            "stderr_tail": "" if proc is None else proc.stderr_tail(),
-            "episode_id": self.trajectory.episode_id,
-            "task_id": "" if self._task is None else self._task.id,
-        }
+        code = 0 if proc is None or proc.exit_code is None else int(proc.exit_code)
+        tail = "" if proc is None else proc.stderr_tail()
+        info = self.trajectory.step_info(turn, error_type, error, events, elapsed, code, tail)
+        return dict(info)  # gymnasium's signature: a plain dict (with StepInfo's keys)
 
     def _abandon(self, why: str) -> None:
         """End the episode after an exception left a step or reset mid-way."""
@@ -517,27 +490,3 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
             remove_path(self._episode_dir)
         self._episode_dir = None
-
-
-def _with_model_calls(result: TurnResult, proxy: ModelProxy) -> TurnResult:
-    """Merge the proxy's records of the turn into its events, in time order.
-
-    A turn that ended in an error (a deadline, a crash) may leave a model call
-    waiting on the upstream: it is cut first, so its record lands in this turn.
-    """
-    if result.error_type:
-        proxy.cut_in_flight(f"the turn ended ({result.error_type})")
-    exchanges = proxy.drain()
-    if not exchanges:
-        return result
-    calls: list[HarnessEvent] = []
-    for exchange in exchanges:
-        record = exchange.to_dict()
-        keys = ("seq", "api", "method", "path", "request", "request_text")
-        request = {k: record.pop(k) for k in keys}
-        calls.append(HarnessEvent(EventType.LLM_REQUEST, request, exchange.started_at))
-        record["seq"] = request["seq"]
-        done_at = exchange.started_at + exchange.total_s
-        calls.append(HarnessEvent(EventType.LLM_RESPONSE, record, done_at))
-    events = sorted((*result.events, *calls), key=lambda e: e.timestamp)
-    return dataclasses.replace(result, events=tuple(events))

@@ -13,7 +13,8 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── BridgeError            the MCP bridge could not start, serve or stop
     ├── ToolConflictError      env tools clash (reserved, duplicate, unresolvable)
     ├── CaptureError           the model proxy could not start or forward
-    └── CallbackError          the user's on_event callback raised (the turn was kept)
+    ├── CallbackError          the user's on_event callback raised (the turn was kept)
+    └── WorkerLost             a rollout worker died mid-episode (its record says so)
 
 Harness faults inside ``reset``/``step`` become outcomes (``info["error_type"]``),
 not exceptions; these classes carry the same facts where an exception is the
@@ -36,6 +37,7 @@ __all__ = [
     "ProtocolError",
     "ToolConflictError",
     "TurnTimeout",
+    "WorkerLost",
 ]
 
 
@@ -117,3 +119,7 @@ class EndpointError(HarnessError):
 
 class CallbackError(HarnessError):
     """The ``on_event`` callback raised; the turn it watched was finished and recorded."""
+
+
+class WorkerLost(HarnessError):
+    """A rollout worker died mid-episode (a Ray actor lost); the rollout records it and goes on."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["EventType", "HarnessEvent", "TurnResult"]
@@ -98,6 +98,14 @@ class TurnResult:
             "error_type": self.error_type,
             "error": self.error,
         }
+
+    def with_events(self, extra: Iterable[HarnessEvent]) -> TurnResult:
+        """This result with ``extra`` merged into its events in time order."""
+        extra = tuple(extra)
+        if not extra:
+            return self
+        events = sorted((*self.events, *extra), key=lambda e: e.timestamp)
+        return replace(self, events=tuple(events))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TurnResult:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -38,10 +37,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.env import HarnessEnv
+from gym_harness.errors import ConfigError, HarnessError, WorkerLost
 from gym_harness.outcome import Outcome
-from gym_harness.rollout import run_episode
+from gym_harness.rollout import Episode, EpisodeWorker, episodes, run_episode, schedule
 from gym_harness.tasks import Task
+from gym_harness.trajectory import StepInfo
 
 __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
 
@@ -118,7 +119,7 @@ class _EnvWorker:
     def describe(self) -> dict[str, Any]:
         import ray
 
-        proc = None if self.env is None else self.env.unwrapped.process  # type: ignore[attr-defined]
+        proc = None if self.env is None else HarnessEnv.of(self.env).process
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
@@ -337,8 +338,7 @@ class RayVectorEnv(VectorEnv):
 
     def _lost_info(self, i: int) -> dict[str, Any]:
         last = self._last_info[i]
-        return {
-            **last,
+        lost: StepInfo = {
             "turn": int(last.get("turn", 0)) + 1,
             "error_type": WORKER_LOST.value,
             "error": self._lost_error[i],
@@ -347,7 +347,10 @@ class RayVectorEnv(VectorEnv):
             "elapsed_s": 0.0,
             "exit_code": -1,  # unknown: the harness died with its actor
             "stderr_tail": "",
+            "episode_id": str(last.get("episode_id", "")),
+            "task_id": str(last.get("task_id", "")),
         }
+        return {**last, **lost}  # a wrapper's own keys stay, as on the steps before
 
 
 def _seeds(seed: int | list[int | None] | None, n: int) -> list[int | None]:
@@ -379,11 +382,12 @@ def ray_rollout(
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
-    Episode ``j`` (task-major order, as the local rollout counts) gets seed
-    ``seed + j``, so each record equals the local rollout's for the same seed
-    except timings and ids. Records are written as episodes finish (not in order;
-    ``task_id`` and ``episode_index`` say which is which). An episode whose actor
-    dies is written with ``outcome`` and ``error_type`` ``"worker_lost"``.
+    The local rollout's scheduler (``gym_harness.rollout.schedule``) with one Ray
+    actor per worker. Episode ``j`` (task-major order, as the local rollout counts)
+    gets seed ``seed + j``, so each record equals the local rollout's for the same
+    seed except timings and ids. Records are written as episodes finish (not in
+    order; ``task_id`` and ``episode_index`` say which is which). An episode whose
+    actor dies is written with ``outcome`` and ``error_type`` ``"worker_lost"``.
 
     Args:
         env_id: The gymnasium id each actor makes.
@@ -407,99 +411,84 @@ def ray_rollout(
     Raises:
         ConfigError: Ray is missing, or the env cannot be made on a worker.
     """
-    import json
-
-    jobs = [(t, k) for t in range(len(tasks)) for k in range(n)]
-    if not jobs:
+    plan = episodes(tasks, n, seed)
+    if not plan:
         return 0
     owned = connect(address)
     ray = _ray()
-    actors: list[Any] = []
+    spare: list[Any] = []
     pool: _Pool | None = None
     try:
-        task_dicts = [task.to_dict() for task in tasks]
-        task_refs = [ray.put(task) for task in task_dicts]
         resources = DEFAULT_RESOURCES if resources_per_env is None else resources_per_env
         pool = _Pool(env_id, env_kwargs, resources)
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        size = max(1, min(len(jobs), num_workers or cpus))
-        actors = [pool.new() for _ in range(size)]
-        pool.check(actors[0], timeout_s)
-        pending: dict[Any, tuple[int, int, float]] = {}  # ref -> (actor slot, job, deadline)
-        queue = list(range(len(jobs)))
-        queue.reverse()
-        done = 0
+        spare.append(pool.new())
+        pool.check(spare[0], timeout_s)
+        settings = {"env_id": env_id, "max_turns": max_turns, "follow_up": follow_up}
+        mission = _Mission(pool, tasks, settings, timeout_s)
 
-        def submit(slot: int) -> None:
-            j = queue.pop()
-            t, k = jobs[j]
-            ref = actors[slot].episode.remote(
-                task_refs[t],
-                env_id=env_id,
-                seed=seed + j,
-                index=k,
-                max_turns=max_turns,
-                follow_up=follow_up,
-            )
-            pending[ref] = (slot, j, time.monotonic() + timeout_s)
+        def new_worker() -> EpisodeWorker:
+            try:
+                actor = spare.pop()  # the checked one first
+            except IndexError:
+                actor = mission.pool.new()
+            return _RayEpisodes(mission, actor)
 
-        for slot in range(size):
-            submit(slot)
-        while pending:
-            soonest = min(deadline for _, _, deadline in pending.values())
-            ready, _ = ray.wait(
-                list(pending), num_returns=1, timeout=max(0.0, soonest - time.monotonic())
-            )
-            finished = ready or [r for r, v in pending.items() if v[2] <= time.monotonic()]
-            for ref in finished:
-                slot, j, _ = pending.pop(ref)
-                t, k = jobs[j]
-                try:
-                    record = ray.get(ref, timeout=0) if ref in ready else None
-                    error = "" if record is not None else f"no result within {timeout_s:g} s"
-                except ray.exceptions.RayActorError as exc:
-                    record, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-                if record is None:
-                    pool.end([actors[slot]], grace_s=0.0)
-                    actors[slot] = pool.new()
-                    record = _lost_record(env_id, task_dicts[t], seed + j, k, error)
-                record["task"] = task_dicts[t]
-                if on_record is not None:
-                    on_record(record)
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-                done += 1
-                if progress is not None:
-                    progress(done, record["outcome"])
-                if queue:
-                    submit(slot)
-        return done
+        size = num_workers or int(ray.cluster_resources().get("CPU", 1))
+        return schedule(
+            plan,
+            new_worker,
+            env_id=env_id,
+            out=out,
+            concurrency=max(1, size),
+            progress=progress,
+            on_record=on_record,
+        )
     finally:
         if pool is not None:
-            pool.end(actors)
+            pool.end(spare)
         if owned:
             ray.shutdown()
 
 
-def _lost_record(
-    env_id: str, task: dict[str, Any], seed: int, index: int, error: str
-) -> dict[str, Any]:
-    """The record of an episode whose actor died: the local record's keys, no turns."""
-    return {
-        "episode_id": "",
-        "harness": "",
-        "task_id": task.get("id"),
-        "task": task,
-        "startup_events": [],
-        "turns": [],
-        "reward": 0.0,
-        "outcome": WORKER_LOST.value,
-        "reset_s": 0.0,
-        "env_id": env_id,
-        "episode_index": index,
-        "seed": seed,
-        "messages": [],
-        "error_type": WORKER_LOST.value,
-        "error": error,
-        "timings": {"reset_s": 0.0, "turns_s": [], "total_s": 0.0},
-    }
+class _Mission:
+    """What every actor of one Ray rollout shares: the pool, the tasks, the settings."""
+
+    def __init__(
+        self, pool: _Pool, tasks: Sequence[Task], settings: dict[str, Any], timeout_s: float
+    ) -> None:
+        self.pool, self.settings, self.timeout_s = pool, settings, timeout_s
+        self.tasks = {task.id: task.to_dict() for task in tasks}  # ids are unique
+        self.refs = {task_id: pool.ray.put(task) for task_id, task in self.tasks.items()}
+
+
+class _RayEpisodes:
+    """An ``EpisodeWorker`` over one Ray actor; its calls run in the driver."""
+
+    def __init__(self, mission: _Mission, actor: Any) -> None:
+        self.mission, self.actor = mission, actor
+        self.lost = False
+
+    def run(self, episode: Episode) -> dict[str, Any]:
+        mission, ray = self.mission, self.mission.pool.ray
+        task_id = episode.task.id
+        ref = self.actor.episode.remote(
+            mission.refs[task_id], seed=episode.seed, index=episode.index, **mission.settings
+        )
+        try:
+            record: dict[str, Any] = ray.get(ref, timeout=mission.timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            self.lost = True
+            raise WorkerLost(f"no result within {mission.timeout_s:g} s") from exc
+        except ray.exceptions.RayActorError as exc:
+            self.lost = True
+            raise WorkerLost(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        record["task"] = mission.tasks[task_id]  # the actor sent none back
+        return record
+
+    def abort(self) -> None:
+        ray = self.mission.pool.ray
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.kill(self.actor, no_restart=True)
+
+    def close(self) -> None:
+        self.mission.pool.end([self.actor], grace_s=0.0 if self.lost else 30.0)

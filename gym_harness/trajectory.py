@@ -1,19 +1,58 @@
-"""The record of an episode: every turn, every event, the reward context.
+"""What leaves an episode: the info of each step, and the record of the whole.
 
-``HarnessEnv.trajectory`` is a ``Trajectory``; ``to_dict()`` is what
-``gym-harness rollout`` writes, one JSON line per episode.
+``StepInfo`` is the info dict of every ``reset`` and ``step``
+(``Trajectory.step_info`` builds one). ``HarnessEnv.of(env).trajectory`` is a ``Trajectory``;
+``Trajectory.to_record()`` is the one record ``gym-harness rollout`` writes per
+episode, locally or on Ray (a lost Ray worker's record included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
-from gym_harness.events import EventType, HarnessEvent
+from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.outcome import Outcome
 
-__all__ = ["RewardContext", "RewardFn", "Trajectory", "TurnRecord"]
+__all__ = ["RewardContext", "RewardFn", "StepInfo", "Trajectory", "TurnRecord"]
+
+#: The messages of a record: each turn's user message, then its reply.
+_ROLES = (("user", "message"), ("assistant", "response"))
+
+
+class StepInfo(TypedDict):
+    """The info dict of ``reset`` and ``step``: the same keys and types on every call.
+
+    Vector envs stack infos key by key, so no key is ever missing or of another type.
+
+    Keys:
+        turn: The turn number, from 1 (0 at ``reset``).
+        error_type: ``""``, or the ``Outcome`` value of a failed turn (or start).
+        error: What went wrong, in words (``""`` when nothing did).
+        events: The turn's events (at ``reset``: the harness's startup events), as
+            ``HarnessEvent.to_dict()`` dicts, model calls included under ``capture``.
+        tool_calls: How many env tool calls the harness made in the turn.
+        elapsed_s: Seconds the turn took (0.0 at ``reset``).
+        exit_code: The harness's own exit status when it exited by itself or was killed
+            by someone else (``-N`` for signal N); 0 while it runs or when the env stopped
+            it; -1 when unknown (its Ray worker was lost).
+        stderr_tail: The last lines of the harness's stderr.
+        episode_id: The episode's id (``Trajectory.episode_id``).
+        task_id: The episode's task id, ``""`` without a task.
+    """
+
+    turn: int
+    error_type: str
+    error: str
+    events: list[dict[str, Any]]
+    tool_calls: int
+    elapsed_s: float
+    exit_code: int
+    stderr_tail: str
+    episode_id: str
+    task_id: str
 
 
 @dataclass(frozen=True)
@@ -65,10 +104,69 @@ class TurnRecord:
     started_at: float
     elapsed_s: float
 
+    @classmethod
+    def of_turn(
+        cls,
+        turn: int,
+        message: str,
+        result: TurnResult,
+        started_at: float,
+        elapsed_s: float,
+        terminated: bool,
+        truncated: bool,
+    ) -> TurnRecord:
+        """The record of a finished turn, not scored yet (reward 0.0; see ``scored``)."""
+        return cls(
+            turn=turn,
+            message=message,
+            response=result.response,
+            events=result.events,
+            reward=0.0,
+            terminated=terminated,
+            truncated=truncated,
+            error_type=str(result.error_type),
+            error=result.error,
+            started_at=started_at,
+            elapsed_s=elapsed_s,
+        )
+
     @property
     def tool_calls(self) -> int:
         """How many tool calls the harness made in this turn."""
         return sum(1 for e in self.events if e.type is EventType.TOOL_CALL)
+
+    def reward_context(self, workspace: Path, task: Mapping[str, Any] | None) -> RewardContext:
+        """What the reward function sees of this turn."""
+        return RewardContext(
+            message=self.message,
+            response=self.response,
+            events=self.events,
+            workspace=workspace,
+            turn=self.turn,
+            error_type=self.error_type,
+            terminated=self.terminated,
+            truncated=self.truncated,
+            task=task,
+        )
+
+    def scored(self, reward: float, outcome: Outcome, why: str) -> TurnRecord:
+        """This turn with its reward, or with the reward function's failure (``why``).
+
+        A failed scoring (``outcome`` ``REWARD_ERROR`` or ``REWARD_TIMEOUT``) becomes the
+        turn's outcome, unless the turn already had a fault of its own: that one stays,
+        and ``why`` is added to its ``error``.
+        """
+        if outcome is Outcome.OK:
+            return replace(self, reward=reward)
+        if self.error_type:
+            return replace(self, error=f"{self.error}; {why}")
+        return replace(
+            self,
+            error_type=outcome.value,
+            error=why,
+            terminated=outcome.terminates,
+            truncated=outcome.truncates,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -132,8 +230,32 @@ class Trajectory:
             return "done"
         return "truncated" if last.truncated else "running"
 
+    def step_info(
+        self,
+        turn: int,
+        error_type: str,
+        error: str,
+        events: Sequence[HarnessEvent],
+        elapsed_s: float,
+        exit_code: int,
+        stderr_tail: str,
+    ) -> StepInfo:
+        """The ``StepInfo`` of one reset (turn 0, the startup events) or step of this episode."""
+        return {
+            "turn": turn,
+            "error_type": str(error_type),
+            "error": error,
+            "events": [e.to_dict() for e in events],
+            "tool_calls": sum(1 for e in events if e.type is EventType.TOOL_CALL),
+            "elapsed_s": float(elapsed_s),
+            "exit_code": exit_code,
+            "stderr_tail": stderr_tail,
+            "episode_id": self.episode_id,
+            "task_id": "" if self.task is None else str(self.task.get("id", "")),
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict (one rollout record)."""
+        """Return a JSON-ready dict (the core of a rollout record; see ``to_record``)."""
         return {
             "episode_id": self.episode_id,
             "harness": self.harness,
@@ -145,6 +267,61 @@ class Trajectory:
             "outcome": self.outcome,
             "reset_s": self.reset_s,
         }
+
+    def to_record(
+        self,
+        *,
+        env_id: str,
+        index: int,
+        seed: int,
+        total_s: float,
+        fault: Outcome | None = None,
+        error: str = "",
+    ) -> dict[str, Any]:
+        """Return the rollout record of the episode (JSON-ready; one line of the output).
+
+        The keys of ``to_dict()``, then ``env_id``, ``episode_index``, ``seed``,
+        ``messages`` (each turn's user message and reply, as chat messages),
+        ``error_type`` and ``error`` (the last turn's, ``""`` if none), and ``timings``
+        (``reset_s``, ``turns_s``, ``total_s``). An episode still running is recorded
+        with ``outcome`` ``"max_turns"``: the rollout, not the harness, stopped it.
+
+        Args:
+            env_id: The env id the episode ran on.
+            index: Which episode of its task it is (0 .. n-1).
+            seed: The seed of the episode's reset.
+            total_s: Seconds the whole episode took.
+            fault: An outcome that ended the episode outside its turns
+                (``Outcome.WORKER_LOST``: the worker running it died); it becomes the
+                record's ``outcome`` and ``error_type``.
+            error: With ``fault``, what happened.
+
+        Returns:
+            The record.
+        """
+        record = self.to_dict()
+        turns = record["turns"]
+        error_type = turns[-1]["error_type"] if turns else ""
+        if fault is not None:
+            record["outcome"] = error_type = fault.value
+        else:
+            error = turns[-1]["error"] if turns else ""
+            if record["outcome"] == "running":  # the rollout stopped it, not the harness
+                record["outcome"] = "max_turns"
+        record.update(
+            env_id=env_id,
+            episode_index=index,
+            seed=seed,
+            messages=[{"role": r, "content": t[k]} for t in turns for r, k in _ROLES],
+            error_type=error_type,
+            error=error,
+            timings={
+                "reset_s": record["reset_s"],
+                "turns_s": [t["elapsed_s"] for t in turns],
+                "total_s": total_s,
+            },
+        )
+        return record
 
     def _repr_html_(self) -> str:
         """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""

@@ -18,7 +18,9 @@ from support.raw_upstream import RawUpstream
 
 from gym_harness._upstream import UpstreamDropped, _Body
 from gym_harness.capture import ModelExchange, ModelProxy, SSEEvent, parse_sse
+from gym_harness.chat_format import exchange_records
 from gym_harness.errors import CaptureError
+from gym_harness.events import EventType
 from gym_harness.lifecycle import Lifecycle
 
 ADD = {"a": 2, "b": 3}
@@ -311,6 +313,24 @@ def test_record_round_trips_json(proxy: ModelProxy, client: httpx.Client) -> Non
     assert data["tool_calls"][0]["name"] == "mcp__env__add"
     assert data["events"][0]["event"] == "response.created"
     assert set(data) == set(ModelExchange.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("api", ["chat", "anthropic"])
+def test_exchange_becomes_a_request_and_response_event_pair(
+    proxy: ModelProxy, client: httpx.Client, api: str
+) -> None:
+    path, header, body = requests_for(True)[api]
+    client.post(path, json=body, headers=auth(proxy, header))
+    (record,) = proxy.drain()
+    request, response = record.to_events()
+    assert (request.type, response.type) == (EventType.LLM_REQUEST, EventType.LLM_RESPONSE)
+    assert request.timestamp == record.started_at
+    assert response.timestamp == record.started_at + record.total_s
+    assert set(request.data) == {"seq", "api", "method", "path", "request", "request_text"}
+    assert request.data["request"] == body and request.data["api"] == api
+    assert request.data["seq"] == response.data["seq"] == record.seq
+    assert set(request.data) | set(response.data) == set(ModelExchange.__dataclass_fields__)
+    assert exchange_records([request.to_dict(), response.to_dict()]) == [record.to_dict()]
 
 
 names = st.text(

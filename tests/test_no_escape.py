@@ -25,6 +25,7 @@ from gym_harness import (
     CommandHarness,
     EpisodeContext,
     HarnessConfig,
+    HarnessEnv,
     HarnessEvent,
     Launch,
     Outcome,
@@ -45,7 +46,7 @@ def make(*args: str, **kwargs: Any) -> gymnasium.Env[str, str]:
 
 
 def turns(env: gymnasium.Env[str, str]) -> list[Any]:
-    return list(env.unwrapped.trajectory.turns)  # type: ignore[attr-defined]
+    return list(HarnessEnv.of(env).trajectory.turns)
 
 
 def assert_reset_needed_then_fresh(env: gymnasium.Env[str, str]) -> None:
@@ -144,7 +145,7 @@ def test_a_raising_on_event_keeps_the_turn_and_the_next_reply_is_its_own() -> No
         assert (first.response, first.error_type) == ("echo: one", "")
         with pytest.raises(CallbackError):  # it raises again on the next turn, not shifted
             env.step("two")
-        env.unwrapped.on_event = None  # type: ignore[attr-defined]
+        HarnessEnv.of(env).on_event = None
         reply, _, _, _, info = env.step("three")
         assert (reply, info["error_type"]) == ("echo: three", "")
         assert [t.response for t in turns(env)] == ["echo: one", "echo: two", "echo: three"]
@@ -167,7 +168,7 @@ def test_a_base_exception_mid_turn_ends_the_episode_instead_of_shifting() -> Non
             env.step("one")
         with pytest.raises(ResetNeeded, match="raised Interrupted mid-turn"):
             env.step("two")
-        env.unwrapped.on_event = None  # type: ignore[attr-defined]
+        HarnessEnv.of(env).on_event = None
         env.reset()
         reply, *_ = env.step("three")
         assert reply == "echo: three"
@@ -249,7 +250,7 @@ def test_a_raising_reward_is_reward_error_and_the_turn_is_kept(
             "reward_error",
             0.0,
         )
-        env.unwrapped.reward_fn = None  # type: ignore[attr-defined]
+        HarnessEnv.of(env).reward_fn = None
         assert_reset_needed_then_fresh(env)
     finally:
         env.close()

@@ -243,3 +243,40 @@ def test_ray_rollout_writes_the_local_rollouts_records(ray_instance: None) -> No
     assert {r["outcome"] for r in records} >= {"done", "max_turns"}
     assert all(r["task"] == t.to_dict() for r in records for t in tasks if t.id == r["task_id"])
     assert any(turn[-1] for r in remote.values() for turn in r["turns"])  # real tool calls
+
+
+@pytest.mark.timeout(120)
+def test_ray_rollout_records_an_episode_whose_actor_died(ray_instance: None) -> None:
+    env_id = "gym_harness/Reference-v0"
+    tasks = [t for t in load_tasks(demo_tasks_path()) if t.id == "add"]
+    out = io.StringIO()
+    keepers = set(keeper_pids())
+    written = ray_rollout(
+        env_id,
+        {"reward_fn": "sys:exit"},  # the first turn's reward ends the actor's process
+        tasks,
+        n=2,
+        seed=0,
+        max_turns=2,
+        follow_up="Continue.",
+        out=out,
+        num_workers=1,
+        resources_per_env=HALF_CPU,
+    )
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert written == len(records) == 2
+    assert [(r["episode_index"], r["seed"]) for r in records] == [(0, 0), (1, 1)]
+    for record in records:  # each on a fresh actor, each lost, each with the usual keys
+        assert record["outcome"] == record["error_type"] == "worker_lost"
+        assert "Actor" in record["error"] and record["turns"] == []
+        assert record["task"] == tasks[0].to_dict() and record["env_id"] == env_id
+    # A dead actor's keeper ends its harness, then itself, once the actor's process is gone.
+    assert gone([pid for pid in keeper_pids() if pid not in keepers], timeout=60)
+
+
+def keeper_pids() -> list[int]:
+    pids = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(part.endswith("gym_harness/_keeper.py") for part in proc.info["cmdline"] or ()):
+            pids.append(proc.pid)
+    return pids
