@@ -12,24 +12,51 @@ Threads: the caller's thread only; the endpoint serves the harness from its own.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gym_harness.errors import ConfigError
 from gym_harness.events import HarnessEvent, TurnResult
 from gym_harness.model.action import Completion, InvalidAction
 from gym_harness.outcome import Outcome
+from gym_harness.trajectory import TurnRecord
 
 if TYPE_CHECKING:
-    from gym_harness.model.endpoint import ModelEndpoint, PendingCall
+    from gym_harness.env import HarnessEnv
+    from gym_harness.harnesses.base import Harness
+    from gym_harness.model.endpoint import EndpointConfig, ModelEndpoint, PendingCall
     from gym_harness.trajectory import Trajectory
     from gym_harness.turn import TurnRunner
 
-__all__ = ["ModelTurns", "UserFn", "assistant_message"]
+__all__ = ["ModelTurns", "UserFn", "assistant_message", "model_options"]
 
 #: ``user_fn(trajectory) -> str | None``: the next user message once a turn ends, or
 #: ``None`` to end the episode.
 UserFn = Callable[["Trajectory"], "str | None"]
+
+
+def model_options(
+    mode: str, capture: bool, policy_timeout_s: float, model_calls: str
+) -> EndpointConfig | None:
+    """The endpoint settings of ``mode="model"`` (``None`` for ``"turns"``), checked.
+
+    Raises:
+        ConfigError: An unknown mode, ``capture`` with model mode, or a bad setting.
+    """
+    if mode == "turns":
+        return None
+    if mode != "model":
+        raise ConfigError(f'mode must be "turns" or "model", got {mode!r}.')
+    if capture:
+        raise ConfigError(
+            'mode="model" serves the harness\'s model calls itself (they are recorded in '
+            "trajectory.calls): drop capture=True."
+        )
+    from gym_harness.model.endpoint import EndpointConfig
+
+    return EndpointConfig(policy_timeout_s=policy_timeout_s, model_calls=model_calls)
 
 
 def assistant_message(completion: Completion) -> dict[str, Any]:
@@ -68,6 +95,51 @@ class ModelTurns:
     ended: TurnResult | None = None
     #: How many of the turn's events earlier steps reported.
     shown: int = 0
+
+    @classmethod
+    def serve(cls, harness: Harness, options: EndpointConfig, user_fn: UserFn | None) -> ModelTurns:
+        """Start an endpoint whose side calls are the ones ``harness`` names."""
+        from gym_harness.model.endpoint import ModelEndpoint
+
+        endpoint = ModelEndpoint(harness.side_call, config=options)
+        endpoint.start()
+        return cls(endpoint, user_fn)
+
+    def take_step(
+        self, env: HarnessEnv, action: str, turn: int, started_at: float, start: float
+    ) -> tuple[str, TurnRecord]:
+        """``env.step(action)`` in model mode: answer the pending call, run to the next.
+
+        A turn that ends is recorded and scored (``env._record``); ``user_fn`` may then
+        start the next, whose first call is this step's observation (with the ended
+        turn's reward).
+
+        Returns:
+            The observation, and the step's record: the turn's own when it ended the
+            episode, else one made for this step (kept out of ``trajectory.turns``).
+        """
+        runner = env._runner
+        if env._startup_error[0] or runner is None:
+            outcome, error = env._startup_error
+            result: TurnResult | None = TurnResult(error_type=outcome, error=error)
+        else:
+            result = self.step(runner, action, env._budget())
+        reward = 0.0
+        while result is not None:  # a turn ended
+            record = env._record(turn, self.message, result, started_at, time.monotonic() - start)
+            if not (record.terminated or record.truncated or runner is None):
+                if (message := self.next_turn(env.trajectory)) is not None:
+                    reward, turn = record.reward, turn + 1
+                    result = self.run(runner, message, env._budget())
+                    continue
+                env.trajectory.turns[-1] = record = replace(record, terminated=True)
+            return self.observation(), replace(record, events=self.new_events(record.events))
+        assert runner is not None
+        step = TurnResult(events=self.new_events(runner.paused_events))
+        elapsed = time.monotonic() - start
+        record = TurnRecord.of_turn(turn, self.message, step, started_at, elapsed, False, False)
+        env.trajectory.calls.extend(self.endpoint.drain())
+        return self.observation(), replace(record, reward=reward)
 
     def begin(self, runner: TurnRunner, message: str, deadline: float | None) -> None:
         """Send the episode's first user message and run to the first model call."""

@@ -41,13 +41,15 @@ from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
 from gym_harness.spaces import UnicodeText
-from gym_harness.tasks import Task, load_tasks
+from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
 
 if TYPE_CHECKING:
+    from gym_harness._model_mode import ModelTurns, UserFn
     from gym_harness.bridge import MCPBridge
     from gym_harness.capture import ModelProxy
+    from gym_harness.model.endpoint import EndpointConfig
     from gym_harness.process import HarnessProcess
 
 __all__ = ["HarnessEnv"]
@@ -81,6 +83,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
         upstream_api_key_env: With ``capture``, the variable holding the real key; it
             stays in this process (the harness gets a per-episode proxy token).
         request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
+        mode: ``"turns"`` (a step is a user turn) or ``"model"`` (a step answers one model
+            call of the harness; see the README's "You are the model").
+        policy_timeout_s: In model mode, how long the policy may take to answer a call.
+        model_calls: In model mode, ``"main"`` (side calls get a short fixed answer) or
+            ``"all"`` (every model call is a step).
+        user_fn: In model mode, ``user_fn(trajectory) -> str | None`` at each turn's
+            end: the next user message, or ``None`` to end the episode; or an import string.
         **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``,
             ``command=[...]`` ...); every other keyword goes to the harness's
             constructor when ``harness`` is a name (``model=...``).
@@ -115,14 +124,24 @@ class HarnessEnv(gymnasium.Env[str, str]):
         upstream: str | None = None,
         upstream_api_key_env: str | None = None,
         request_logprobs: bool = False,
+        mode: str = "turns",
+        policy_timeout_s: float = 600.0,
+        model_calls: str = "main",
+        user_fn: UserFn | str | None = None,
         **kwargs: Any,
     ) -> None:
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
         self.harness = make_harness(harness, harness_kwargs)
+        self._model_options: EndpointConfig | None = None
+        if mode != "turns":
+            from gym_harness._model_mode import model_options
+
+            self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
+            self.harness = self.harness.for_model_mode()
         self.config = self.harness.default_config().replace(**config_kwargs)
         self.harness.check_config(self.config)
-        self.harness.preflight(self.config, captured=capture)
+        self.harness.preflight(self.config, captured=capture or self._model_options is not None)
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
         if workspace is not None and not Path(workspace).is_dir():
@@ -145,6 +164,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 f"reward_fn must be a callable or an import string, got {reward_fn!r}."
             )
         self.reward_fn: RewardFn | None = reward_fn
+        if isinstance(user_fn, str):
+            user_fn = import_attr(user_fn, "user_fn")
+        if user_fn is not None and not callable(user_fn):
+            raise ConfigError(f"user_fn must be a callable or an import string, got {user_fn!r}.")
+        self._user_fn = user_fn
         self.on_event = on_event
         self._callbacks = CallbackGuard()
         self._rewards: RewardRunner | None = None
@@ -162,6 +186,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
         self._keeper_held = False
         self._proxy: ModelProxy | None = None
+        self._model: ModelTurns | None = None
         self._proc: HarnessProcess | None = None
         self._root: Path | None = None
         self._episode_dir: Path | None = None
@@ -192,7 +217,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._end_episode()
         self._state = Lifecycle.ENDED  # until the new harness runs (a reset may raise)
         self._ended_why = "the last reset() raised before the harness started"
-        task = self._pick_task(options or {})
+        task = pick_task(self.tasks, options or {}, self.np_random)
         episode_id = uuid.uuid4().hex[:12]
         ctx = self._prepare_episode(episode_id, task)
         self._task = task
@@ -204,15 +229,21 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._episode_started = started
         self._state = Lifecycle.RUNNING
         self._ended_why = ""
+        prompt = "" if task is None else task.prompt
+        events = self.trajectory.startup_events
         try:
             self._startup_error = self._start_harness(ctx)
+            if self._model is not None and self._runner is not None and not self._startup_error[0]:
+                self._model.begin(self._runner, prompt, self._budget())  # to the first call
+                events = [*events, *self._model.new_events(self._runner.paused_events)]
+                prompt = self._model.observation()
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise
         self.trajectory.reset_s = time.monotonic() - started
-        info = self._info(0, *self._startup_error, self.trajectory.startup_events, 0.0)
+        info = self._info(0, *self._startup_error, events, 0.0)
         self._callbacks.raise_pending("the harness's startup (reset)")
-        return ("" if task is None else task.prompt), info
+        return prompt, info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Send ``action`` as one user message and return the harness's reply.
@@ -235,30 +266,40 @@ class HarnessEnv(gymnasium.Env[str, str]):
         turn = len(self.trajectory.turns) + 1
         started_at, start = time.time(), time.monotonic()
         try:
-            if self._startup_error[0] or self._runner is None:
-                result = TurnResult(error_type=self._startup_error[0], error=self._startup_error[1])
+            if self._model is not None:
+                reply, record = self._model.take_step(self, action, turn, started_at, start)
             else:
-                budget = None
-                if self.config.episode_timeout_s is not None:
-                    budget = self._episode_started + self.config.episode_timeout_s
-                result = self._runner.run(action, episode_deadline=budget)
-            if self._proxy is not None:  # a call still waiting upstream is cut into this turn
-                if result.error_type:
-                    self._proxy.cut_in_flight(f"the turn ended ({result.error_type})")
-                calls = self._proxy.drain()
-                result = result.with_events(e for call in calls for e in call.to_events())
-            record = self._record(turn, action, result, started_at, time.monotonic() - start)
+                if self._startup_error[0] or self._runner is None:
+                    outcome, error = self._startup_error
+                    result = TurnResult(error_type=outcome, error=error)
+                else:
+                    result = self._runner.run(action, episode_deadline=self._budget())
+                if self._proxy is not None:  # a call still waiting upstream is cut into the turn
+                    if result.error_type:
+                        self._proxy.cut_in_flight(f"the turn ended ({result.error_type})")
+                    calls = self._proxy.drain()
+                    result = result.with_events(e for call in calls for e in call.to_events())
+                record = self._record(turn, action, result, started_at, time.monotonic() - start)
+                reply = record.response
         except BaseException as exc:
             # The turn did not finish: its reply may still come, so no later step may read on.
             self._abandon(f"step() for turn {turn} raised {type(exc).__name__} mid-turn")
             raise
+        return self._step_end(reply, record)
+
+    def _step_end(
+        self, reply: str, record: TurnRecord
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if record.terminated or record.truncated:
             self._state = Lifecycle.ENDED
-            self._ended_why = f"turn {turn} ended the episode: {record.error_type or 'done'}"
+            why = record.error_type or "done"
+            self._ended_why = f"turn {record.turn} ended the episode: {why}"
             self._stop_process()
-        info = self._info(turn, record.error_type, record.error, record.events, record.elapsed_s)
-        self._callbacks.raise_pending(f"turn {turn}")
-        return record.response, record.reward, record.terminated, record.truncated, info
+        info = self._info(
+            record.turn, record.error_type, record.error, record.events, record.elapsed_s
+        )
+        self._callbacks.raise_pending(f"turn {record.turn}")
+        return reply, record.reward, record.terminated, record.truncated, info
 
     def render(self) -> str | None:
         """With ``render_mode="ansi"``, the episode transcript as text."""
@@ -275,9 +316,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
             bridge, self._bridge = self._bridge, None
             if bridge is not None:
                 bridge.stop()
-            proxy, self._proxy = self._proxy, None
-            if proxy is not None:
-                proxy.stop()
+            model, self._model = self._model, None
+            for service in (self._proxy, None if model is None else model.endpoint):
+                if service is not None:
+                    service.stop()
+            self._proxy = None
             if self._root is not None and not self._keep:
                 from gym_harness._workspaces import disown_path, remove_path
 
@@ -326,20 +369,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     # ----------------------------------------------------------------- internals
 
-    def _pick_task(self, options: Mapping[str, Any]) -> Task | None:
-        if "task" in options:
-            return Task.from_dict(options["task"], "options['task']")
-        if "task_id" in options:
-            wanted = str(options["task_id"])
-            for task in self.tasks:
-                if task.id == wanted:
-                    return task
-            known = [t.id for t in self.tasks]
-            raise ConfigError(f"No task has id {wanted!r}; known ids: {known}.")
-        if not self.tasks:
-            return None
-        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
-
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
         if self._root is None:
             from gym_harness._workspaces import own_path
@@ -363,11 +392,19 @@ class HarnessEnv(gymnasium.Env[str, str]):
         bridge.start()
         if self.trajectory.episode_id:  # not the first episode: lock the old harness out
             bridge.rotate_token()
-        model_base_url = model_api_key = None
+        model_base_url = model_api_key = policy_timeout_s = None
         if self._capture is not None:
             proxy = self._ensure_proxy()
             proxy.drain()  # exchanges of an earlier episode's last moments
             model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
+        elif self._model_options is not None:
+            if self._model is None:
+                from gym_harness._model_mode import ModelTurns
+
+                self._model = ModelTurns.serve(self.harness, self._model_options, self._user_fn)
+            endpoint = self._model.endpoint
+            model_base_url, model_api_key = endpoint.base_url, endpoint.rotate_token()
+            policy_timeout_s = self._model_options.policy_timeout_s
         return EpisodeContext(
             episode_id=episode_id,
             workspace=workspace,
@@ -377,6 +414,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             tool_names=tuple(spec.name for spec in bridge.list_tools()),
             model_base_url=model_base_url,
             model_api_key=model_api_key,
+            policy_timeout_s=policy_timeout_s,
         )
 
     def _ensure_proxy(self) -> ModelProxy:
@@ -424,7 +462,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
             hold_keeper()
             self._keeper_held = True
         self._proc = HarnessProcess(config.process_spec())
-        signs_of_life = tuple(s for s in (self._bridge, self._proxy) if s is not None)
+        endpoint = None if self._model is None else self._model.endpoint
+        signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)
         self._runner = TurnRunner(
             launch.session,
             self._proc,
@@ -441,6 +480,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if error_type:
             self._stop_process()
         return error_type, error
+
+    def _budget(self) -> float | None:
+        """When the episode's wall budget runs out (``time.monotonic()``), if it has one."""
+        if self.config.episode_timeout_s is None:
+            return None
+        return self._episode_started + self.config.episode_timeout_s
 
     def _emit(self, event: HarnessEvent) -> None:
         if self.on_event is not None:  # the guard does nothing without one (hot path)
@@ -480,6 +525,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
     def _stop_process(self) -> None:
         if self._proc is not None:
             self._proc.stop()
+        if self._model is not None:  # model mode: no call of the episode waits on
+            self._model.endpoint.cut("the episode ended")
+            self.trajectory.calls.extend(self._model.endpoint.drain())
 
     def _end_episode(self) -> None:
         self._stop_process()

@@ -12,11 +12,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
 
-__all__ = ["Task", "load_tasks"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Task", "load_tasks", "pick_task"]
 
 
 @dataclass(frozen=True)
@@ -135,3 +138,26 @@ def load_tasks(
             raise ConfigError(f"Two tasks have the id {task.id!r}; task ids must be unique.")
         seen.add(task.id)
     return tasks
+
+
+def pick_task(
+    tasks: Sequence[Task], options: Mapping[str, Any], rng: np.random.Generator
+) -> Task | None:
+    """The task a ``reset(options=...)`` asks for: ``{"task": {...}}``, ``{"task_id": id}``,
+    else one of ``tasks`` drawn with ``rng`` (``None`` without tasks).
+
+    Raises:
+        ConfigError: No task has the id asked for, or the task dict is malformed.
+    """
+    if "task" in options:
+        return Task.from_dict(options["task"], "options['task']")
+    if "task_id" in options:
+        wanted = str(options["task_id"])
+        for task in tasks:
+            if task.id == wanted:
+                return task
+        known = [t.id for t in tasks]
+        raise ConfigError(f"No task has id {wanted!r}; known ids: {known}.")
+    if not tasks:
+        return None
+    return tasks[int(rng.integers(len(tasks)))]

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.outcome import Outcome
+
+if TYPE_CHECKING:
+    from gym_harness.model.calls import ModelCall
 
 __all__ = ["RewardContext", "RewardFn", "StepInfo", "Trajectory", "TurnRecord"]
 
@@ -194,8 +197,9 @@ class Trajectory:
         harness: The harness's registered name.
         task: The episode's task as a dict, or ``None``.
         startup_events: Events seen while the harness started.
-        turns: One record per ``step``.
+        turns: One record per ``step`` (per user turn in model mode).
         reset_s: Seconds ``reset`` took.
+        calls: In model mode, every model call of the episode (``ModelCall``), in order.
     """
 
     episode_id: str
@@ -204,6 +208,7 @@ class Trajectory:
     startup_events: list[HarnessEvent] = field(default_factory=list)
     turns: list[TurnRecord] = field(default_factory=list)
     reset_s: float = 0.0
+    calls: list[ModelCall] = field(default_factory=list)
 
     @property
     def events(self) -> list[HarnessEvent]:
@@ -312,6 +317,7 @@ class Trajectory:
             env_id=env_id,
             episode_index=index,
             seed=seed,
+            rollout_id=f"{self.episode_id}-{index}",
             messages=[{"role": r, "content": t[k]} for t in turns for r, k in _ROLES],
             error_type=error_type,
             error=error,
@@ -321,7 +327,20 @@ class Trajectory:
                 "total_s": total_s,
             },
         )
+        if self.calls:  # model mode: the message-level shape trainers consume
+            record["calls"] = [call_record(call) for call in self.calls]
+            if final := self.final_messages():
+                record["messages"] = final
         return record
+
+    def final_messages(self) -> list[dict[str, Any]]:
+        """Model mode: the last main call's messages with its answer (``[]`` if none)."""
+        from gym_harness._model_mode import assistant_message
+
+        for call in reversed(self.calls):
+            if not call.side and call.observation is not None and call.completion is not None:
+                return [*call.observation["messages"], assistant_message(call.completion)]
+        return []
 
     def _repr_html_(self) -> str:
         """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""
@@ -346,3 +365,26 @@ class Trajectory:
             if t.error_type:
                 lines.append(f"[{t.error_type}] {t.error}")
         return "\n".join(lines) + "\n"
+
+
+def call_record(call: ModelCall) -> dict[str, Any]:
+    """One model call as a rollout record's ``calls`` entry: what the policy saw (messages,
+    tools), what it answered (``completion``: content, tool calls, stop reason), and the
+    ``token_ids``/``logprobs``/``usage`` its action carried."""
+    seen = call.observation or {}
+    completion = call.to_dict()["completion"]
+    return {
+        "request_id": call.request_id,
+        "api": call.api,
+        "side": call.side,
+        "messages": seen.get("messages"),
+        "tools": seen.get("tools"),
+        "sampling": seen.get("sampling"),
+        "completion": completion,
+        "token_ids": call.token_ids,
+        "logprobs": call.logprobs,
+        "usage": call.usage,
+        "error": call.error,
+        "retries": call.retries,
+        "truncated": call.truncated,
+    }
