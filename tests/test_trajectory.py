@@ -36,6 +36,7 @@ RECORD_KEYS = [
     "env_id",
     "episode_index",
     "seed",
+    "rollout_id",
     "messages",
     "error_type",
     "error",
