@@ -30,6 +30,7 @@ from support.model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
+from gym_harness.errors import ProtocolError
 from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness, ClaudeCodeSession
@@ -197,7 +198,8 @@ def test_feed_error_result_is_an_outcome(tmp_path: Path) -> None:
 
 def test_feed_non_json_is_a_protocol_error(tmp_path: Path) -> None:
     session = new_session(tmp_path)
-    assert session.feed("not json").error_type == "protocol_error"
+    with pytest.raises(ProtocolError, match="not one JSON object"):
+        session.feed("not json")
     assert session.feed("").error_type == ""
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from gym_harness import _json
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import EpisodeContext, Feed
 from gym_harness.outcome import Outcome
@@ -151,17 +151,16 @@ def parse_object(line: str) -> tuple[dict[str, Any] | None, str]:
     return _json.parse_object(line)
 
 
-def not_json(who: str, line: str, why: str = "not JSON") -> Feed:
-    """The ``protocol_error`` for a stdout line that is not a JSON object.
+def not_json(who: str, line: str, why: str = "not JSON") -> ProtocolError:
+    """The ``protocol_error`` for a stdout line that is not a JSON object (to raise).
 
     Args:
         who: The harness as the message names it (``"codex"``, ``"the ACP agent"``).
         line: The line; its first 200 characters are quoted.
         why: What is wrong with it (``parse_object``'s reason).
     """
-    return Feed(
-        error_type=Outcome.PROTOCOL_ERROR,
-        error=f"{who} printed a line on stdout that is not one JSON object ({why}): {line[:200]!r}",
+    return ProtocolError(
+        f"{who} printed a line on stdout that is not one JSON object ({why}): {line[:200]!r}"
     )
 
 

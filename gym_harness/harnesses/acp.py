@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from gym_harness import _json
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     RpcIds,
@@ -185,7 +185,7 @@ class ACPSession(HarnessSession):
             return Feed()
         msg, why = parse_object(line)
         if msg is None:
-            return not_json("the ACP agent", line, why)
+            raise not_json("the ACP agent", line, why)
         method = msg.get("method")
         if isinstance(method, str):
             if "id" in msg:
@@ -221,9 +221,7 @@ class ACPSession(HarnessSession):
         if method == "session/prompt":
             return self._prompt_done(result, error)
         if method is None:
-            return _failed(
-                Outcome.PROTOCOL_ERROR, f"the ACP agent answered an unknown request: {msg}"
-            )
+            raise ProtocolError(f"the ACP agent answered an unknown request: {msg}")
         return Feed(events=[HarnessEvent(EventType.OTHER, {"kind": method, "message": msg})])
 
     def _prompt_done(self, result: Any, error: Any) -> Feed:

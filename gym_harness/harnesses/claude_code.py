@@ -255,7 +255,7 @@ class ClaudeCodeSession(HarnessSession):
         if obj is None:
             if self._plain_text:
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
-            return not_json("claude", line, why)
+            raise not_json("claude", line, why)
         kind = obj.get("type")
         if kind == "system" and obj.get("subtype") == "init":
             return self._init(obj)

@@ -265,7 +265,7 @@ class CodexSession(HarnessSession):
             return Feed()
         msg, why = parse_object(line)
         if msg is None:
-            return not_json("codex", line, why)
+            raise not_json("codex", line, why)
         if "method" in msg and "id" in msg:
             return self._server_request(msg)
         if "method" in msg:

@@ -16,11 +16,10 @@ from typing import ClassVar
 
 from gym_harness._json import parse_object  # not _common's alias: one frame less per line
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
-from gym_harness.outcome import Outcome
 
 __all__ = ["CommandHarness", "CommandSession", "ReferenceHarness"]
 
@@ -90,10 +89,9 @@ class CommandSession(HarnessSession):
             if self._plain_text:
                 self._texts.append(line)
                 return Feed(events=[HarnessEvent(EventType.TEXT, {"text": line})])
-            return Feed(
-                error_type=Outcome.PROTOCOL_ERROR,
-                error=f"expected one JSON object with a 'type' per line ({why or 'no type'}), "
-                f"got {line[:200]!r}",
+            raise ProtocolError(
+                f"expected one JSON object with a 'type' per line ({why or 'no type'}), "
+                f"got {line[:200]!r}"
             )
         kind = obj.pop("type")
         if kind == "ready":
