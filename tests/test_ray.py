@@ -23,6 +23,7 @@ import pytest
 from support import LINE_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
+from gym_harness import _keeper
 from gym_harness.demo import demo_tasks_path
 from gym_harness.errors import ConfigError
 from gym_harness.rollout import run_episode
@@ -275,8 +276,10 @@ def test_ray_rollout_records_an_episode_whose_actor_died(ray_instance: None) -> 
 
 
 def keeper_pids() -> list[int]:
+    """Keepers of this checkout's gym_harness (not another checkout's, running its own tests)."""
+    ours = os.path.abspath(_keeper.__file__)  # as the keeper client starts it
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
-        if any(part.endswith("gym_harness/_keeper.py") for part in proc.info["cmdline"] or ()):
+        if ours in (proc.info["cmdline"] or ()):
             pids.append(proc.pid)
     return pids
