@@ -99,8 +99,7 @@ def completion(n: int, tool: bool) -> bytes:
         }
     ).encode()
     head = (
-        f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
 
