@@ -18,9 +18,11 @@ The three alternate in rounds (one turn of ``--calls`` calls per side per round;
 first ``WARM`` calls of each turn are dropped on every side). Then model calls per
 second of ``gymnasium.make_vec(..., vectorization_mode="async", mode="model")`` for
 N = 1, 4 and 8, each step answering N calls with a tool call, against N x the rate of
-N = 1. Run it with this tree first on PYTHONPATH if another checkout is installed.
+N = 1, the three vector envs also in rounds. Run it with this tree first on PYTHONPATH
+if another checkout is installed.
 
-    python benchmarks/model_mode_bench.py [--rounds 10] [--calls 50] [--vec-steps 30] [--json]
+    python benchmarks/model_mode_bench.py [--rounds 10] [--calls 50] [--json]
+        [--vec-rounds 8] [--vec-steps 20]
 """
 
 from __future__ import annotations
@@ -245,7 +247,7 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
     )
     bare: subprocess.Popen[str] | None = None
     model_env = capture_env = None
-    samples: dict[str, list[float]] = {"model": [], "capture": [], "bare": []}
+    turns: dict[str, list[list[float]]] = {"model": [], "capture": [], "bare": []}
     try:
         assert upstream.stdout is not None
         port = int(upstream.stdout.readline())
@@ -279,9 +281,9 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
 
         bare_batch()  # warm
         for r in range(rounds):
-            samples["model"] += model_turn(model_env, turn, seed=r)
-            samples["capture"] += capture_turn(capture_env, upstream, seed=r)["gaps"]
-            samples["bare"] += bare_batch()
+            turns["model"].append(model_turn(model_env, turn, seed=r))
+            turns["capture"].append(capture_turn(capture_env, upstream, seed=r)["gaps"])
+            turns["bare"].append(bare_batch())
         Path(f.name).unlink()
     finally:
         for env in (model_env, capture_env):
@@ -290,8 +292,15 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
         for child in (bare, upstream):
             if child is not None:
                 child.communicate(timeout=30)  # closes stdin: it ends on its own
+    samples = {k: [x for t in v for x in t] for k, v in turns.items()}
     ms = {k: median(v) * 1e3 for k, v in samples.items()}
     n = f"n={len(samples['model'])}/{len(samples['capture'])}/{len(samples['bare'])}"
+    # The request carries the whole conversation: the first and last PART calls of
+    # each turn show what its length costs each side.
+    part = min(10, calls)
+    early = {k: median(x for t in v for x in t[:part]) * 1e3 for k, v in turns.items()}
+    late = {k: median(x for t in v for x in t[-part:]) * 1e3 for k, v in turns.items()}
+    first, last = WARM + 1, WARM + calls
     return [
         Row(
             "model mode: step(tool call) to next obs",
@@ -318,38 +327,64 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
             "ms",
             "bare loopback HTTP round trip",
         ),
+        Row(
+            f"model vs capture, calls {first}-{first + part - 1} of each turn",
+            early["model"],
+            early["capture"],
+            "ms",
+            "capture mode, scripted upstream",
+            note=f"short history; bare {early['bare'] * 1e3:.0f} us",
+        ),
+        Row(
+            f"model vs capture, calls {last - part + 1}-{last} of each turn",
+            late["model"],
+            late["capture"],
+            "ms",
+            "capture mode, scripted upstream",
+            note=f"requests of up to {2 * last + 1} messages; bare {late['bare'] * 1e3:.0f} us",
+        ),
     ]
 
 
-def vector_rows(steps: int) -> list[Row]:
-    """Model calls per second of make_vec(N, async, mode="model"), N tool calls per step."""
+def vector_rows(rounds: int, steps: int) -> list[Row]:
+    """Model calls per second of make_vec(N, async, mode="model"), N tool calls per step.
+
+    The three vector envs stay up side by side and take turns: per round, each starts
+    new episodes (``reset``), takes ``WARM`` steps, then ``steps`` timed steps. The
+    figure per N is the median of its per-round rates.
+    """
     import gymnasium
 
     import gym_harness  # noqa: F401
 
-    rate: dict[int, float] = {}
-    for n in VECTOR_SIZES:
-        envs = gymnasium.make_vec(
-            ENV_ID,
-            num_envs=n,
-            vectorization_mode="async",
-            mode="model",
-            max_tool_calls=LONG,
-            max_episode_steps=LONG,
-        )
-        try:
-            obs, infos = envs.reset(seed=0)
-            actions = [_tool_action(o) for o in obs]
-            for _ in range(WARM):
-                envs.step(actions)
-            start = time.perf_counter()
-            for _ in range(steps):
-                _, _, terminated, truncated, infos = envs.step(actions)
-                if terminated.any() or truncated.any():
-                    raise RuntimeError(f"a vector episode ended: {list(infos['error'])}")
-            rate[n] = n * steps / (time.perf_counter() - start)
-        finally:
+    vectors: dict[int, Any] = {}
+    rates: dict[int, list[float]] = {n: [] for n in VECTOR_SIZES}
+    try:
+        for n in VECTOR_SIZES:
+            vectors[n] = gymnasium.make_vec(
+                ENV_ID,
+                num_envs=n,
+                vectorization_mode="async",
+                mode="model",
+                max_tool_calls=LONG,
+                max_episode_steps=LONG,
+            )
+        for r in range(rounds):
+            for n, envs in vectors.items():
+                obs, infos = envs.reset(seed=r)
+                actions = [_tool_action(o) for o in obs]
+                for _ in range(WARM):
+                    envs.step(actions)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    _, _, terminated, truncated, infos = envs.step(actions)
+                    if terminated.any() or truncated.any():
+                        raise RuntimeError(f"a vector episode ended: {list(infos['error'])}")
+                rates[n].append(n * steps / (time.perf_counter() - start))
+    finally:
+        for envs in vectors.values():
             envs.close()
+    rate = {n: median(v) for n, v in rates.items()}
     return [
         Row(
             f"model mode, make_vec N={n}: model calls/s",
@@ -358,7 +393,7 @@ def vector_rows(steps: int) -> list[Row]:
             "calls/s",
             "N x the rate of N=1",
             ratio=rate[n] / (n * rate[1]),
-            note=f"{steps} steps of N tool calls",
+            note=f"{rounds} interleaved rounds of {steps} steps (N tool calls each)",
         )
         for n in VECTOR_SIZES
     ]
@@ -368,7 +403,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     parser.add_argument("--calls", type=int, default=50, help="timed calls per turn and side")
-    parser.add_argument("--vec-steps", type=int, default=30, help="timed vector steps per N")
+    parser.add_argument("--vec-rounds", type=int, default=8, help="interleaved vector rounds")
+    parser.add_argument("--vec-steps", type=int, default=20, help="timed vector steps per round")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bare-client", nargs=2, help=argparse.SUPPRESS)
@@ -380,7 +416,7 @@ def main() -> None:
     started = time.time()
     sections: list[Callable[[], list[Row]]] = [
         lambda: exchange_rows(args.rounds, args.calls),
-        lambda: vector_rows(args.vec_steps),
+        lambda: vector_rows(args.vec_rounds, args.vec_steps),
     ]
     rows = [row for section in sections for row in section()]
     payload = {"started": started, "argv": sys.argv, "rows": [r.to_dict() for r in rows]}

@@ -322,7 +322,11 @@ def openenv_rows(quick: bool) -> list[Row]:
 
 
 def model_rows(quick: bool) -> list[Row]:
-    counts = ["--rounds", "3", "--calls", "20", "--vec-steps", "10"] if quick else []
+    counts = (
+        ["--rounds", "3", "--calls", "20", "--vec-rounds", "3", "--vec-steps", "10"]
+        if quick
+        else []
+    )
     out = run_script(["benchmarks/model_mode_bench.py", "--json", *counts], SCRIPT_TIMEOUT_S)
     return [Row.from_dict(r) for r in json.loads(out)["rows"]]
 
