@@ -35,10 +35,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _common import Row, format_table, median, write_json
 
 WARM = 2  # calls dropped at the start of every turn (first tool call, first connection)
@@ -107,10 +109,12 @@ def completion(n: int, tool: bool) -> bytes:
 
 
 class Upstream:
-    """The scripted model server: K tool calls per turn, then text; times the gaps."""
+    """The scripted model server; times the gaps.
 
-    def __init__(self, calls: int) -> None:
-        self.calls = calls
+    A turn whose user message is ``calls=K`` gets K tool calls, then text.
+    """
+
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.gaps: list[float] = []
         self.bodies: list[str] = []
@@ -128,8 +132,10 @@ class Upstream:
                 if b" /bare" in head.split(b"\r\n", 1)[0]:
                     conn.sendall(completion(self.n, True))
                     continue
-                tools_done = sum(m.get("role") == "tool" for m in json.loads(body)["messages"])
-                tool = tools_done < self.calls
+                messages = json.loads(body)["messages"]
+                user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+                wanted = int(str(messages[user]["content"]).removeprefix("calls="))
+                tool = sum(m.get("role") == "tool" for m in messages[user:]) < wanted
                 with self.lock:
                     if self.sent_at is not None:
                         self.gaps.append(received - self.sent_at)
@@ -145,9 +151,9 @@ class Upstream:
             return out
 
 
-def serve(calls: int) -> None:
+def serve() -> None:
     """Child: the upstream; prints its port, then one JSON line per ``take`` on stdin."""
-    upstream = Upstream(calls)
+    upstream = Upstream()
     server = socket.create_server(("127.0.0.1", 0))
 
     def accept() -> None:
@@ -198,37 +204,71 @@ def _tool_action(obs: str) -> str:
     return json.dumps({"content": "", "tool_calls": [{"name": TOOL, "arguments": ARGUMENTS}]})
 
 
-def model_turn(env: Any, calls: int, seed: int) -> list[float]:
+def tree_cpu_s(exclude: Collection[int]) -> float:
+    """CPU seconds of this process and its descendants (envs, keepers, harnesses) so far,
+    without the processes in ``exclude`` (the upstream, the bare client)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])  # user, system: not the waited-for children's
+    for child in me.children(recursive=True):
+        if child.pid not in exclude:
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                continue
+    return total
+
+
+def model_turn(env: Any, calls: int, seed: int, cpu: Callable[[], float]) -> Turn:
     """One turn in model mode: ``calls`` tool-call steps (timed), then a text answer."""
     obs, info = env.reset(seed=seed)
     if info["error_type"]:
         raise RuntimeError(f"model-mode reset failed: {info['error_type']}: {info['error']}")
     action = _tool_action(obs)
     times = []
+    cpu_before = cpu()
     for _ in range(calls):
         start = time.perf_counter()
         obs, _, terminated, truncated, info = env.step(action)
         times.append(time.perf_counter() - start)
         if terminated or truncated or info["error_type"]:
             raise RuntimeError(f"model-mode step ended: {info['error_type']}: {info['error']}")
-        if json.loads(obs)["messages"][-1]["role"] != "tool":
-            raise RuntimeError("the next request does not end with the tool's result")
+    cpu_s = (cpu() - cpu_before) / calls
+    if json.loads(obs)["messages"][-1]["role"] != "tool":
+        raise RuntimeError("the next request does not end with the tool's result")
     env.step("done")
-    return times[WARM:]
+    return Turn(times[WARM:], cpu_s, [])
 
 
-def capture_turn(env: Any, upstream: subprocess.Popen[str], seed: int) -> dict[str, Any]:
-    """One turn in capture mode; the upstream's gaps and the request bodies it received."""
+def capture_turn(
+    env: Any, calls: int, upstream: subprocess.Popen[str], seed: int, cpu: Callable[[], float]
+) -> Turn:
+    """One turn in capture mode; the upstream's gaps and the request bodies it received.
+
+    A first turn of one call (text) starts the harness's HTTP client, as the first
+    model call in model mode does during ``reset``; the measured turn comes second.
+    """
     env.reset(seed=seed)
-    _, _, _, _, info = env.step("go")
+    env.step("calls=0")
+    cpu_before = cpu()
+    _, _, _, _, info = env.step(f"calls={calls}")
+    cpu_used = cpu() - cpu_before
     if info["error_type"]:
         raise RuntimeError(f"capture-mode turn failed: {info['error_type']}: {info['error']}")
     assert upstream.stdin is not None and upstream.stdout is not None
     upstream.stdin.write("take\n")
     upstream.stdin.flush()
-    taken: dict[str, Any] = json.loads(upstream.stdout.readline())
-    taken["gaps"] = taken["gaps"][WARM:]
-    return taken
+    taken = json.loads(upstream.stdout.readline())
+    bodies = taken["bodies"][1:]  # the first turn's call is not measured
+    return Turn(taken["gaps"][WARM:], cpu_used / len(bodies), bodies)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn's timed calls (seconds), CPU seconds per call, request bodies (capture)."""
+
+    times: list[float]
+    cpu_s: float
+    bodies: list[str]
 
 
 def exchange_rows(rounds: int, calls: int) -> list[Row]:
@@ -240,7 +280,7 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
     me = [sys.executable, __file__]
     turn = calls + WARM
     upstream = subprocess.Popen(
-        [*me, "--serve", "--calls", str(turn)],
+        [*me, "--serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -248,6 +288,7 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
     bare: subprocess.Popen[str] | None = None
     model_env = capture_env = None
     turns: dict[str, list[list[float]]] = {"model": [], "capture": [], "bare": []}
+    cpu_ms: dict[str, list[float]] = {"model": [], "capture": []}
     try:
         assert upstream.stdout is not None
         port = int(upstream.stdout.readline())
@@ -261,10 +302,15 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
             upstream=f"http://127.0.0.1:{port}",
             **common,
         )
-        model_turn(model_env, turn, seed=0)  # warm: imports, bridge, endpoint
-        first = capture_turn(capture_env, upstream, seed=0)
+        children = {upstream.pid}
+
+        def cpu() -> float:
+            return tree_cpu_s(children)
+
+        model_turn(model_env, turn, 0, cpu)  # warm: imports, bridge, endpoint
+        recorded = capture_turn(capture_env, turn, upstream, 0, cpu)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(first["bodies"][:turn], f)
+            json.dump(recorded.bodies[:turn], f)
         bare = subprocess.Popen(
             [*me, "--bare-client", str(port), f.name],
             stdin=subprocess.PIPE,
@@ -272,6 +318,7 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
             text=True,
         )
         assert bare.stdin is not None and bare.stdout is not None
+        children.add(bare.pid)
 
         def bare_batch() -> list[float]:
             assert bare is not None and bare.stdin is not None and bare.stdout is not None
@@ -281,9 +328,13 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
 
         bare_batch()  # warm
         for r in range(rounds):
-            turns["model"].append(model_turn(model_env, turn, seed=r))
-            turns["capture"].append(capture_turn(capture_env, upstream, seed=r)["gaps"])
+            ours = model_turn(model_env, turn, r, cpu)
+            theirs = capture_turn(capture_env, turn, upstream, r, cpu)
+            turns["model"].append(ours.times)
+            turns["capture"].append(theirs.times)
             turns["bare"].append(bare_batch())
+            cpu_ms["model"].append(ours.cpu_s * 1e3)
+            cpu_ms["capture"].append(theirs.cpu_s * 1e3)
         Path(f.name).unlink()
     finally:
         for env in (model_env, capture_env):
@@ -326,6 +377,14 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
             ms["bare"],
             "ms",
             "bare loopback HTTP round trip",
+        ),
+        Row(
+            "CPU per model call: env + harness processes",
+            median(cpu_ms["model"]),
+            median(cpu_ms["capture"]),
+            "ms",
+            "capture mode (proxy included)",
+            note="median of per-turn figures; less noisy than latency",
         ),
         Row(
             f"model vs capture, calls {first}-{first + part - 1} of each turn",
@@ -410,7 +469,7 @@ def main() -> None:
     parser.add_argument("--bare-client", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return serve(args.calls)
+        return serve()
     if args.bare_client:
         return bare_client(int(args.bare_client[0]), args.bare_client[1])
     started = time.time()
