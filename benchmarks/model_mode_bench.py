@@ -146,7 +146,7 @@ class Upstream:
 
     def take(self) -> dict[str, list[Any]]:
         with self.lock:
-            out = {"gaps": self.gaps, "bodies": self.bodies}
+            out: dict[str, list[Any]] = {"gaps": self.gaps, "bodies": self.bodies}
             self.gaps, self.bodies = [], []
             return out
 
@@ -292,7 +292,7 @@ def exchange_rows(rounds: int, calls: int) -> list[Row]:
     try:
         assert upstream.stdout is not None
         port = int(upstream.stdout.readline())
-        common = {"max_tool_calls": LONG, "max_episode_steps": LONG}
+        common: dict[str, Any] = {"max_tool_calls": LONG, "max_episode_steps": LONG}
         model_env = gymnasium.make(ENV_ID, mode="model", **common)
         capture_env = gymnasium.make(
             ENV_ID,
