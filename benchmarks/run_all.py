@@ -16,6 +16,8 @@ run; ratios are the figures of record, absolute values stand beside them.
 * ``import gym_harness`` vs ``import gymnasium`` (fresh interpreters), with and
   without cached bytecode
 * gym_harness beside OpenEnv: ``vs_openenv.py --json``
+* model mode (issue #14): ``model_mode_bench.py --json``, a step against the same
+  exchange in capture mode and a bare loopback round trip; calls/s of 1, 4, 8 envs
 
 The benchmark scripts run as child processes, so each starts clean. After the
 table, the goals of issue #15 are listed, each with its figure and PASS or MISS.
@@ -319,6 +321,16 @@ def openenv_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def model_rows(quick: bool) -> list[Row]:
+    counts = (
+        ["--rounds", "3", "--calls", "20", "--vec-rounds", "3", "--vec-steps", "10"]
+        if quick
+        else []
+    )
+    out = run_script(["benchmarks/model_mode_bench.py", "--json", *counts], SCRIPT_TIMEOUT_S)
+    return [Row.from_dict(r) for r in json.loads(out)["rows"]]
+
+
 SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "env": env_rows,
     "process": process_rows,
@@ -329,6 +341,7 @@ SECTIONS: dict[str, Callable[[bool], list[Row]]] = {
     "import": import_rows,
     "start": start_rows,
     "openenv": openenv_rows,
+    "model": model_rows,
 }
 
 

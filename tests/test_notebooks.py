@@ -16,7 +16,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CELL_TIMEOUT_S = 120
-NAMES = ["quickstart.ipynb", "custom_tools_and_rewards.ipynb"]
+NAMES = ["quickstart.ipynb", "custom_tools_and_rewards.ipynb", "you_are_the_model.ipynb"]
 
 
 def _execute(path: Path) -> object:
@@ -94,3 +94,15 @@ def test_custom_tools_and_rewards_runs() -> None:
     assert "solved 4/5" in out  # sum-wrong earns nothing; the other four do
     assert "mean-and-finish" in out and "done" in out
     assert "<b>outcome</b>" in out
+
+
+@pytest.mark.timeout(600)
+def test_you_are_the_model_runs() -> None:
+    out = _outputs(_execute(NOTEBOOKS / "you_are_the_model.ipynb"))
+    keys = "['api', 'messages', 'model', 'request_id', 'sampling', 'stream', 'tools']"
+    assert f"observation keys: {keys}" in out
+    assert "-> last message tool: " in out  # the tool really ran; its result came back
+    assert "reward: 1.0" in out  # the scripted policy answered with the tool's result
+    assert "token_ids=(1, 2, 3)" in out  # trajectory.calls keeps the action's token ids
+    assert "done r=1.0" in out and "autoreset" in out  # the 4-env section
+    assert "ERROR" not in out
