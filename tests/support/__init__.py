@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["HARNESS_SCRIPT", "HOSTILE_SCRIPT", "LINE_AGENT", "OWNER_SCRIPT", "SUPPORT"]
+__all__ = [
+    "HARNESS_SCRIPT",
+    "HOSTILE_SCRIPT",
+    "LINE_AGENT",
+    "MODEL_AGENT",
+    "OWNER_SCRIPT",
+    "SUPPORT",
+]
 
 #: This directory.
 SUPPORT = Path(__file__).resolve().parent
@@ -25,3 +32,5 @@ HARNESS_SCRIPT = SUPPORT / "scripts" / "harness.py"
 HOSTILE_SCRIPT = SUPPORT / "scripts" / "hostile.py"
 #: A process that owns an env and reports on it (the containment tests).
 OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
+#: A line-protocol harness whose model is the env (model mode; ``side``/``stall`` words).
+MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"
