@@ -5,6 +5,7 @@
 * ``raw_upstream``: a bare TCP upstream that answers with exact bytes.
 * ``process``: the fake harness of the process tests and the pid checks around it.
 * ``gate``: a tool body that blocks until the test releases it.
+* ``policies``: policies for model-mode rollouts.
 * ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use
   the path constants below, never a path of your own.
 """
