@@ -285,7 +285,8 @@ def test_side_calls_get_a_fixed_answer_or_become_steps(model_calls: str) -> None
 @pytest.mark.parametrize("limit", ["turn_timeout_s", "idle_timeout_s"])
 def test_a_harness_stalling_after_the_answer_times_out(limit: str) -> None:
     """(j): after an action, the turn and idle limits bound the wait for the next call."""
-    limits = {"turn_timeout_s": 60.0, "idle_timeout_s": 60.0, limit: 2.0}
+    # Room for the reset's turn (the agent's start, its first call) on a loaded machine.
+    limits = {"turn_timeout_s": 60.0, "idle_timeout_s": 60.0, limit: 5.0}
     env = make_env("command", prompt="stall: what is 2+3?", **limits)
     try:
         env.reset(seed=0)
