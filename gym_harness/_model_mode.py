@@ -147,18 +147,25 @@ class ModelTurns:
 
     def begin(
         self,
-        runner: TurnRunner,
+        runner: TurnRunner | None,
         message: str,
         events: Sequence[HarnessEvent],
         deadline: float | None,
     ) -> tuple[str, list[HarnessEvent]]:
         """Send the episode's first user message and run to the first model call.
 
+        Args:
+            runner: The episode's turns; ``None`` when the harness did not start (the
+                observation is then the conversation so far: the user message alone).
+
         Returns:
             ``reset()``'s observation, and ``events`` (the startup's) with the turn's so far.
         """
         self.pending, self.messages, self.ended, self.shown = None, None, None, 0
         self.message = message
+        if runner is None:
+            self.messages = [{"role": "user", "content": message}]
+            return self.observation(), list(events)
         self.ended = self.run(runner, message, deadline)
         return self.observation(), [*events, *self.new_events(runner.paused_events)]
 

@@ -216,8 +216,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         events = self.trajectory.startup_events
         try:
             self._startup_error = self._start_harness(ctx)
-            if self._model is not None and self._runner is not None and not self._startup_error[0]:
-                prompt, events = self._model.begin(self._runner, prompt, events, self._budget())
+            if self._model is not None:  # model mode: to the first call
+                runner = None if self._startup_error[0] else self._runner
+                prompt, events = self._model.begin(runner, prompt, events, self._budget())
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise

@@ -18,7 +18,7 @@ import gymnasium
 import numpy as np
 import psutil
 import pytest
-from support import MODEL_AGENT
+from support import LINE_AGENT, MODEL_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness import ConfigError, HarnessEnv, RewardContext
@@ -333,3 +333,19 @@ def test_bad_model_mode_config_raises_at_construction(kwargs: dict[str, Any], ne
     with pytest.raises(ConfigError) as caught:
         HarnessEnv("reference", **kwargs)
     assert needle in str(caught.value)
+
+
+def test_a_harness_that_never_starts_gives_a_json_observation_and_startup_failed() -> None:
+    command = [sys.executable, str(LINE_AGENT), "exit_at_start"]
+    env = HarnessEnv("command", command=command, mode="model", tasks=TASKS)
+    try:
+        obs, info = env.reset(seed=0)
+        assert info["error_type"] == Outcome.STARTUP_FAILED
+        request = json.loads(obs)
+        assert request["request_id"] == ""
+        assert request["messages"] == [{"role": "user", "content": "what is 2+3?"}]
+        obs, _, term, _, info = env.step("anything")
+        assert (term, info["error_type"]) == (True, Outcome.STARTUP_FAILED)
+        assert json.loads(obs)["request_id"] == ""
+    finally:
+        env.close()
