@@ -76,7 +76,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             that records every exchange as ``llm_request`` / ``llm_response`` events.
         upstream: With ``capture``, the real API's origin (``https://api.example.com``,
             ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
-            path); the harness is pointed at the proxy instead.
+            path); the harness is pointed at the proxy instead. Not with ``mode="model"``.
         upstream_api_key_env: With ``capture``, the variable holding the real key; it
             stays in this process (the harness gets a per-episode proxy token).
         request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
