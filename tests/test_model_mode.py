@@ -301,12 +301,13 @@ def test_a_harness_stalling_after_the_answer_times_out(limit: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_policy_thinking_between_steps_never_times_the_turn_out(kind: str) -> None:
     """(j): the limits count from each answer, not while the policy holds the call."""
-    # Limits the harness's own work between two calls fits in even on a loaded machine,
-    # and a policy that thinks longer than both.
-    env = make_env(kind, turn_timeout_s=6.0, idle_timeout_s=5.0)
+    # Limits the harness's own work between two calls fits in even on a machine so loaded
+    # that a process stalls for seconds (5 s was seen to be too little), and a policy that
+    # thinks longer than both.
+    env = make_env(kind, turn_timeout_s=15.0, idle_timeout_s=12.0)
     try:
         env.reset(seed=0)
-        time.sleep(7)
+        time.sleep(16)
         _, _, term, trunc, info = env.step(call_add())
         assert (term, trunc, info["error_type"]) == (False, False, ""), info["error"]
         _, rew, term, trunc, info = env.step("5")
