@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +105,10 @@ class ModelTurns:
         endpoint.start()
         return cls(endpoint, user_fn)
 
+    def new_key(self) -> str:
+        """A new episode's key for the endpoint; calls of earlier episodes are refused."""
+        return self.endpoint.rotate_token()
+
     def take_step(
         self, env: HarnessEnv, action: str, turn: int, started_at: float, start: float
     ) -> tuple[str, TurnRecord]:
@@ -141,11 +145,34 @@ class ModelTurns:
         env.trajectory.calls.extend(self.endpoint.drain())
         return self.observation(), replace(record, reward=reward)
 
-    def begin(self, runner: TurnRunner, message: str, deadline: float | None) -> None:
-        """Send the episode's first user message and run to the first model call."""
+    def begin(
+        self,
+        runner: TurnRunner | None,
+        message: str,
+        events: Sequence[HarnessEvent],
+        deadline: float | None,
+    ) -> tuple[str, list[HarnessEvent]]:
+        """Send the episode's first user message and run to the first model call.
+
+        Args:
+            runner: The episode's turns; ``None`` when the harness did not start (the
+                observation is then the conversation so far: the user message alone).
+
+        Returns:
+            ``reset()``'s observation, and ``events`` (the startup's) with the turn's so far.
+        """
         self.pending, self.messages, self.ended, self.shown = None, None, None, 0
         self.message = message
+        if runner is None:
+            self.messages = [{"role": "user", "content": message}]
+            return self.observation(), list(events)
         self.ended = self.run(runner, message, deadline)
+        return self.observation(), [*events, *self.new_events(runner.paused_events)]
+
+    def end_episode(self, trajectory: Trajectory) -> None:
+        """Cut the calls still waiting (the harness is stopped) and record every call."""
+        self.endpoint.cut("the episode ended")
+        trajectory.calls.extend(self.endpoint.drain())
 
     def step(self, runner: TurnRunner, action: str, deadline: float | None) -> TurnResult | None:
         """Answer the pending call with ``action`` and run to the next one (``None``) or

@@ -9,11 +9,43 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gym_harness import _keeper, _keeper_client
 from gym_harness.errors import HarnessStartError
 
-__all__ = ["disown_path", "own_path", "remove_path"]
+if TYPE_CHECKING:
+    from gym_harness.tasks import Task
+
+__all__ = ["disown_path", "episode_dirs", "new_root", "own_path", "remove_path"]
+
+
+def new_root(keep: bool) -> Path:
+    """A fresh directory for an env's episodes, owned by a keeper unless ``keep``.
+
+    The caller holds a keeper first (``gym_harness.process.hold_keeper``), so that one
+    owns the directory from the start.
+    """
+    root = Path(tempfile.mkdtemp(prefix="gym_harness-"))
+    if not keep:  # the keeper deletes it if this process dies
+        own_path(root)
+    return root
+
+
+def episode_dirs(episode_dir: Path, template: Path | None, task: Task | None) -> tuple[Path, Path]:
+    """Make an episode's ``workspace`` (a copy of ``template``, then the task's files)
+    and its private ``home`` under ``episode_dir``; return both."""
+    workspace, home = episode_dir / "workspace", episode_dir / "home"
+    if template is not None:
+        shutil.copytree(template, workspace, symlinks=True)
+    workspace.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700)
+    if task is not None:
+        task.write_files(workspace)
+    return workspace, home
 
 
 def own_path(path: str | os.PathLike[str]) -> None:

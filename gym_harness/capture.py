@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -44,11 +45,12 @@ from gym_harness.capture_records import (
     assemble,
     parse_sse,
 )
-from gym_harness.errors import CaptureError
+from gym_harness.errors import CaptureError, ConfigError
 from gym_harness.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gym_harness._upstream import UpstreamPool, UpstreamResponse
+    from gym_harness.events import TurnResult
 
 __all__ = [
     "ModelExchange",
@@ -59,6 +61,7 @@ __all__ = [
     "api_of",
     "assemble",
     "parse_sse",
+    "start_proxy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -189,6 +192,13 @@ class ModelProxy(LoopbackService):
             self._assemble_pending()
             out, self._records = self._records, []
         return out
+
+    def close_turn(self, result: TurnResult) -> TurnResult:
+        """``result`` with the exchanges of its turn as events; a turn that ended in a
+        fault first cuts the calls still waiting upstream into it (``cut_in_flight``)."""
+        if result.error_type:
+            self.cut_in_flight(f"the turn ended ({result.error_type})")
+        return result.with_events(e for call in self.drain() for e in call.to_events())
 
     def cut_in_flight(self, why: str, timeout_s: float = 2.0) -> int:
         """End every exchange still waiting on the upstream, recording it as ``"stalled"``.
@@ -428,3 +438,27 @@ class ModelProxy(LoopbackService):
 
 
 _QUIET = _QuietBrokenStreams()
+
+
+def start_proxy(
+    upstream: str | None, key_env: str | None, logprobs: bool, max_record_bytes: int
+) -> ModelProxy:
+    """A started ``ModelProxy`` for an env's ``capture=True`` settings.
+
+    Args:
+        upstream: The real API's origin.
+        key_env: The variable holding the upstream's key (read here; it stays here).
+        logprobs: Ask Chat Completions upstreams for logprobs.
+        max_record_bytes: The records' byte bound (``HarnessConfig.capture_max_bytes``).
+
+    Raises:
+        ConfigError: ``key_env`` is named but not set in this process.
+    """
+    key = os.environ.get(key_env) if key_env else None
+    if key_env and key is None:
+        raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
+    proxy = ModelProxy(
+        str(upstream), api_key=key, request_logprobs=logprobs, max_record_bytes=max_record_bytes
+    )
+    proxy.start()
+    return proxy

@@ -3,6 +3,7 @@
     gym-harness run                       # one episode of gym_harness/Reference-v0
     gym-harness run --env ID --message "fix the test" --set model=M
     gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
+    gym-harness rollout TASKS.jsonl --mode model --policy pkg.mod:fn --out OUT.jsonl
 
 Exit status of ``run``: 0 when the episode had no fault (the harness finished, or
 was still running when the messages ran out), 1 when a turn failed (a crash, a
@@ -30,7 +31,7 @@ from gym_harness.chat_format import llm_exchanges
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
-from gym_harness.rollout import local_rollout
+from gym_harness.rollout import DEFAULT_MAX_STEPS, load_policy, local_rollout
 from gym_harness.tasks import Task, load_tasks
 
 __all__ = ["main"]
@@ -137,6 +138,24 @@ def _parser() -> argparse.ArgumentParser:
         help="record every LLM call through a loopback proxy to this base URL; each record "
         "gets llm_exchanges (chat messages for TRL / datasets, plus the raw exchange)",
     )
+    roll.add_argument(
+        "--mode",
+        choices=("turns", "model"),
+        default="turns",
+        help="turns: a step is a user turn; model: a step answers one model call of the "
+        "harness, with --policy (default: %(default)s)",
+    )
+    roll.add_argument(
+        "--policy",
+        metavar="PKG.MOD:FN",
+        help="with --mode model: FN(request dict) -> action str or dict, for each model call",
+    )
+    roll.add_argument(
+        "--max-steps",
+        type=int,
+        default=DEFAULT_MAX_STEPS,
+        help="with --mode model: model calls answered per episode at most (default: %(default)s)",
+    )
     roll.add_argument("--upstream-key-env", help="variable holding the upstream's API key")
     roll.add_argument("--logprobs", action="store_true", help="ask the upstream for logprobs")
     return parser
@@ -241,8 +260,9 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             upstream_api_key_env=args.upstream_key_env,
             request_logprobs=args.logprobs,
         )
+    model = _model_settings(args, kwargs)
     if args.ray is not None:
-        return _ray_rollout(args, kwargs, tasks, max_turns)
+        return _ray_rollout(args, kwargs, tasks, max_turns, model)
     progress = _Progress(len(tasks) * args.n, sys.stderr)
     try:
         with args.out.open("w", encoding="utf-8") as out:
@@ -257,11 +277,26 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                 out=out,
                 progress=progress.update,
                 on_record=lambda record: _add_exchanges(record, args),
+                **model,
             )
     finally:
         progress.close()
     print(f"wrote {done} episodes to {args.out}")
     return 0
+
+
+def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
+    if args.mode != "model":
+        if args.policy:
+            raise ConfigError("--policy answers model calls: add --mode model")
+        return {}
+    if not args.policy:
+        raise ConfigError("--mode model needs --policy pkg.module:fn (request dict -> action)")
+    if args.max_steps < 1:
+        raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
+    kwargs["mode"] = "model"
+    return {"policy": load_policy(args.policy), "max_steps": args.max_steps}
 
 
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
@@ -270,7 +305,11 @@ def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def _ray_rollout(
-    args: argparse.Namespace, kwargs: dict[str, Any], tasks: Sequence[Task], max_turns: int
+    args: argparse.Namespace,
+    kwargs: dict[str, Any],
+    tasks: Sequence[Task],
+    max_turns: int,
+    model: dict[str, Any],
 ) -> int:
     from gym_harness.ray import ray_rollout
 
@@ -289,6 +328,7 @@ def _ray_rollout(
                 progress=progress.update,
                 on_record=lambda record: _add_exchanges(record, args),
                 address=args.ray or None,
+                **{**model, "policy": args.policy} if model else {},
             )
     finally:
         progress.close()

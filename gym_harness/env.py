@@ -18,9 +18,6 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +28,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 import gymnasium
 from gymnasium.error import ResetNeeded
 
-from gym_harness._imports import import_attr
+from gym_harness._env_checks import check_env_options, user_callable
 from gym_harness._usercode import CallbackGuard, RewardRunner
 from gym_harness.config import FIELD_NAMES
 from gym_harness.errors import ConfigError, HarnessError
@@ -79,7 +76,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             that records every exchange as ``llm_request`` / ``llm_response`` events.
         upstream: With ``capture``, the real API's origin (``https://api.example.com``,
             ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
-            path); the harness is pointed at the proxy instead.
+            path); the harness is pointed at the proxy instead. Not with ``mode="model"``.
         upstream_api_key_env: With ``capture``, the variable holding the real key; it
             stays in this process (the harness gets a per-episode proxy token).
         request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
@@ -142,33 +139,19 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.config = self.harness.default_config().replace(**config_kwargs)
         self.harness.check_config(self.config)
         self.harness.preflight(self.config, captured=capture or self._model_options is not None)
-        if render_mode not in (None, *self.metadata["render_modes"]):
-            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
-        if workspace is not None and not Path(workspace).is_dir():
-            raise ConfigError(f"workspace {str(workspace)!r} is not a directory.")
-        if tool_timeout_s <= 0:
-            raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
-        if capture and not (
-            isinstance(upstream, str) and upstream.startswith(("http://", "https://"))
-        ):
-            raise ConfigError(
-                f"capture=True needs upstream='http(s)://host[:port]' (the real API's origin), "
-                f"got {upstream!r}."
-            )
+        check_env_options(
+            render_mode=render_mode,
+            render_modes=self.metadata["render_modes"],
+            workspace=workspace,
+            tool_timeout_s=tool_timeout_s,
+            capture=capture,
+            upstream=upstream,
+            model_mode=self._model_options is not None,
+        )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
-        if isinstance(reward_fn, str):
-            reward_fn = import_attr(reward_fn, "reward_fn")
-        if reward_fn is not None and not callable(reward_fn):
-            raise ConfigError(
-                f"reward_fn must be a callable or an import string, got {reward_fn!r}."
-            )
-        self.reward_fn: RewardFn | None = reward_fn
-        if isinstance(user_fn, str):
-            user_fn = import_attr(user_fn, "user_fn")
-        if user_fn is not None and not callable(user_fn):
-            raise ConfigError(f"user_fn must be a callable or an import string, got {user_fn!r}.")
-        self._user_fn = user_fn
+        self.reward_fn: RewardFn | None = user_callable(reward_fn, "reward_fn")
+        self._user_fn: UserFn | None = user_callable(user_fn, "user_fn")
         self.on_event = on_event
         self._callbacks = CallbackGuard()
         self._rewards: RewardRunner | None = None
@@ -233,10 +216,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         events = self.trajectory.startup_events
         try:
             self._startup_error = self._start_harness(ctx)
-            if self._model is not None and self._runner is not None and not self._startup_error[0]:
-                self._model.begin(self._runner, prompt, self._budget())  # to the first call
-                events = [*events, *self._model.new_events(self._runner.paused_events)]
-                prompt = self._model.observation()
+            if self._model is not None:  # model mode: to the first call
+                runner = None if self._startup_error[0] else self._runner
+                prompt, events = self._model.begin(runner, prompt, events, self._budget())
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise
@@ -275,10 +257,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 else:
                     result = self._runner.run(action, episode_deadline=self._budget())
                 if self._proxy is not None:  # a call still waiting upstream is cut into the turn
-                    if result.error_type:
-                        self._proxy.cut_in_flight(f"the turn ended ({result.error_type})")
-                    calls = self._proxy.drain()
-                    result = result.with_events(e for call in calls for e in call.to_events())
+                    result = self._proxy.close_turn(result)
                 record = self._record(turn, action, result, started_at, time.monotonic() - start)
                 reply = record.response
         except BaseException as exc:
@@ -370,23 +349,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
     # ----------------------------------------------------------------- internals
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
+        from gym_harness._workspaces import episode_dirs, new_root
+
         if self._root is None:
-            from gym_harness._workspaces import own_path
             from gym_harness.process import hold_keeper
 
             hold_keeper()  # first, so that a keeper owns the workspaces from the start
             self._keeper_held = True
-            self._root = Path(tempfile.mkdtemp(prefix="gym_harness-"))
-            if not self._keep:  # the keeper deletes it if this process dies
-                own_path(self._root)
+            self._root = new_root(self._keep)
         episode_dir = self._root / episode_id
-        workspace, home = episode_dir / "workspace", episode_dir / "home"
-        if self._template is not None:
-            shutil.copytree(self._template, workspace, symlinks=True)
-        workspace.mkdir(parents=True, exist_ok=True)
-        home.mkdir(mode=0o700)
-        if task is not None:
-            task.write_files(workspace)
+        workspace, home = episode_dirs(episode_dir, self._template, task)
         self._episode_dir = episode_dir
         bridge = self._ensure_bridge()
         bridge.start()
@@ -394,16 +366,19 @@ class HarnessEnv(gymnasium.Env[str, str]):
             bridge.rotate_token()
         model_base_url = model_api_key = policy_timeout_s = None
         if self._capture is not None:
-            proxy = self._ensure_proxy()
+            from gym_harness.capture import start_proxy
+
+            proxy = self._proxy or start_proxy(*self._capture, self.config.capture_max_bytes)
+            self._proxy = proxy
             proxy.drain()  # exchanges of an earlier episode's last moments
             model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
         elif self._model_options is not None:
-            if self._model is None:
-                from gym_harness._model_mode import ModelTurns
+            from gym_harness._model_mode import ModelTurns
 
-                self._model = ModelTurns.serve(self.harness, self._model_options, self._user_fn)
-            endpoint = self._model.endpoint
-            model_base_url, model_api_key = endpoint.base_url, endpoint.rotate_token()
+            self._model = self._model or ModelTurns.serve(
+                self.harness, self._model_options, self._user_fn
+            )
+            model_base_url, model_api_key = self._model.endpoint.base_url, self._model.new_key()
             policy_timeout_s = self._model_options.policy_timeout_s
         return EpisodeContext(
             episode_id=episode_id,
@@ -416,24 +391,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
             model_api_key=model_api_key,
             policy_timeout_s=policy_timeout_s,
         )
-
-    def _ensure_proxy(self) -> ModelProxy:
-        if self._proxy is None:
-            from gym_harness.capture import ModelProxy
-
-            assert self._capture is not None
-            upstream, key_env, logprobs = self._capture
-            key = os.environ.get(key_env) if key_env else None
-            if key_env and key is None:
-                raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
-            self._proxy = ModelProxy(
-                str(upstream),
-                api_key=key,
-                request_logprobs=logprobs,
-                max_record_bytes=self.config.capture_max_bytes,
-            )
-            self._proxy.start()
-        return self._proxy
 
     def _ensure_bridge(self) -> MCPBridge:
         if self._bridge is None:
@@ -497,8 +454,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
         self.trajectory.turns.append(record)
-        if self.reward_fn is None:
-            return record
+        if self.reward_fn is None or result.error_type is Outcome.INVALID_ACTION:
+            return record  # a bad action scores 0.0 whatever the workspace holds
         assert self._episode_dir is not None
         if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
             self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
@@ -526,8 +483,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._proc is not None:
             self._proc.stop()
         if self._model is not None:  # model mode: no call of the episode waits on
-            self._model.endpoint.cut("the episode ended")
-            self.trajectory.calls.extend(self._model.endpoint.drain())
+            self._model.end_episode(self.trajectory)
 
     def _end_episode(self) -> None:
         self._stop_process()

@@ -379,6 +379,8 @@ def ray_rollout(
     num_workers: int | None = None,
     resources_per_env: Mapping[str, Any] | None = None,
     timeout_s: float = 3600.0,
+    policy: Callable[..., Any] | str | None = None,
+    max_steps: int = 100,
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
@@ -404,6 +406,7 @@ def ray_rollout(
         num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
         resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
         timeout_s: The longest one episode may take before its actor is killed.
+        policy, max_steps: Model mode, as for ``run_episode`` (each actor runs the policy).
 
     Returns:
         How many records were written.
@@ -423,7 +426,9 @@ def ray_rollout(
         pool = _Pool(env_id, env_kwargs, resources)
         spare.append(pool.new())
         pool.check(spare[0], timeout_s)
-        settings = {"env_id": env_id, "max_turns": max_turns, "follow_up": follow_up}
+        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up)
+        if policy is not None:
+            settings.update(policy=policy, max_steps=max_steps)
         mission = _Mission(pool, tasks, settings, timeout_s)
 
         def new_worker() -> EpisodeWorker:

@@ -21,20 +21,36 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO, cast
 
 import gymnasium
 
+from gym_harness._imports import import_attr
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
 from gym_harness.tasks import Task
 from gym_harness.trajectory import Trajectory
 
-__all__ = ["Episode", "EpisodeWorker", "episodes", "local_rollout", "run_episode", "schedule"]
+__all__ = [
+    "Episode",
+    "EpisodeWorker",
+    "Policy",
+    "episodes",
+    "load_policy",
+    "local_rollout",
+    "run_episode",
+    "schedule",
+]
 
 #: How long ``schedule`` waits for its worker threads once it stops early (a raise, Ctrl-C).
 JOIN_TIMEOUT_S = 60.0
+#: Model mode: steps (model calls answered) per episode at most, unless told otherwise.
+DEFAULT_MAX_STEPS = 100
+
+#: Model mode: ``policy(request) -> action``; the request is the observation as a dict, the
+#: action a str or a dict (sent as its JSON text). See the README's "You are the model".
+Policy = Callable[[dict[str, Any]], "str | Mapping[str, Any]"]
 
 
 def run_episode(
@@ -46,8 +62,14 @@ def run_episode(
     index: int,
     max_turns: int,
     follow_up: str,
+    policy: Policy | str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> dict[str, Any]:
     """Run one episode of ``task``: the prompt, then ``follow_up`` until it ends.
+
+    With ``policy`` (an env made with ``mode="model"``), each step's action is instead
+    ``policy(request)`` for the model call the observation holds, until the episode ends
+    (more user turns come from the env's ``user_fn``).
 
     Args:
         env: A harness env (``gymnasium.make`` of a gym_harness id, wrappers allowed).
@@ -57,22 +79,64 @@ def run_episode(
         index: Which episode of this task it is (0 .. n-1).
         max_turns: At most this many turns; the rollout then stops the episode.
         follow_up: The message of every turn after the first.
+        policy: Model mode: ``policy(request: dict) -> str | dict`` (a dict is sent as
+            its JSON text), or its import string ``"pkg.module:fn"``.
+        max_steps: Model mode: at most this many steps (model calls answered).
 
     Returns:
         The rollout record (``Trajectory.to_record()``). ``outcome`` is
         ``"max_turns"`` when the rollout, not the harness, ended the episode.
+
+    Raises:
+        ConfigError: ``policy`` cannot be imported or is not callable.
+        TypeError: ``policy`` returned neither a str nor a dict.
     """
     started = time.monotonic()
     prompt, _ = env.reset(seed=seed, options={"task": task})
-    message = prompt
-    for _ in range(max_turns):
-        _, _, terminated, truncated, _ = env.step(message)
-        if terminated or truncated:
-            break
-        message = follow_up
+    if policy is not None:
+        _answer_calls(env, prompt, load_policy(policy), max_steps)
+    else:
+        message = prompt
+        for _ in range(max_turns):
+            _, _, terminated, truncated, _ = env.step(message)
+            if terminated or truncated:
+                break
+            message = follow_up
     return HarnessEnv.of(env).trajectory.to_record(
         env_id=env_id, index=index, seed=seed, total_s=time.monotonic() - started
     )
+
+
+def load_policy(policy: Policy | str) -> Policy:
+    """``policy`` itself, or the callable its import string ``"pkg.module:fn"`` names.
+
+    Raises:
+        ConfigError: The import fails, or what it names is not callable.
+    """
+    found = import_attr(policy, "policy") if isinstance(policy, str) else policy
+    if not callable(found):
+        raise ConfigError(f"policy must be a callable or an import string, got {found!r}.")
+    return cast(Policy, found)
+
+
+def _answer_calls(env: gymnasium.Env[str, str], obs: str, policy: Policy, max_steps: int) -> None:
+    """Model mode: answer each model call with ``policy`` until the episode ends."""
+    for _ in range(max_steps):
+        try:
+            request = json.loads(obs)
+        except ValueError:
+            request = None
+        if isinstance(request, dict) and request.get("request_id"):
+            action = policy(request)
+            if isinstance(action, Mapping):
+                action = json.dumps(action)
+            if not isinstance(action, str):
+                raise TypeError(f"policy must return a str or a dict, got {type(action)!r}.")
+        else:  # no model call (the harness did not start): the step records why
+            action = ""
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            return
 
 
 @dataclass(frozen=True)
@@ -326,6 +390,8 @@ def local_rollout(
     progress: Callable[[int, str], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     concurrency: int = 1,
+    policy: Policy | str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> int:
     """Run ``n`` episodes of every task on envs in this process; write JSONL.
 
@@ -343,13 +409,19 @@ def local_rollout(
         progress: Called with (episodes written, outcome) after each.
         on_record: Called with each record before it is written (it may add keys).
         concurrency: Envs running at once (one thread each when more than one).
+        policy: Model mode (``env_kwargs`` with ``mode="model"``): answers each model
+            call (see ``run_episode``); an import string is imported here, once.
+        max_steps: Model mode: steps per episode at most.
 
     Returns:
         How many records were written.
     """
+    settings: dict[str, Any] = {"max_turns": max_turns, "follow_up": follow_up}
+    if policy is not None:
+        settings.update(policy=load_policy(policy), max_steps=max_steps)
 
     def new_worker() -> EpisodeWorker:
-        return _LocalWorker(env_id, env_kwargs, max_turns, follow_up)
+        return _LocalWorker(env_id, env_kwargs, settings)
 
     plan = episodes(tasks, n, seed)
     return schedule(
@@ -366,21 +438,19 @@ def local_rollout(
 class _LocalWorker:
     """An ``EpisodeWorker`` over one env of this process."""
 
-    def __init__(
-        self, env_id: str, env_kwargs: Mapping[str, Any], max_turns: int, follow_up: str
-    ) -> None:
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], settings: dict[str, Any]):
         self.env: gymnasium.Env[str, str] = gymnasium.make(env_id, **env_kwargs)
-        self.env_id, self.max_turns, self.follow_up = env_id, max_turns, follow_up
+        self.env_id, self.settings = env_id, settings
 
     def run(self, episode: Episode) -> dict[str, Any]:
+        task = episode.task.to_dict()
         return run_episode(
             self.env,
-            episode.task.to_dict(),
+            task,
             env_id=self.env_id,
             seed=episode.seed,
             index=episode.index,
-            max_turns=self.max_turns,
-            follow_up=self.follow_up,
+            **self.settings,
         )
 
     def abort(self) -> None:

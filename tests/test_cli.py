@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -240,3 +241,65 @@ def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -
     assert first.stdout.index("installing into") < first.stdout.index("npm install")
     again = install()
     assert "already installed" in again.stdout and "npm " not in again.stdout
+
+
+def model_rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gym-harness rollout --mode model``, with tests/ importable for the policy module."""
+    tests = str(ROOT / "tests")
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "gym_harness.cli", "rollout", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=tmp_path,
+    )
+
+
+def test_model_mode_rollout_with_a_policy_module(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "add", "prompt": "what is 2+3?", "meta": {"expect": "5"}}\n')
+    out = tmp_path / "out.jsonl"
+    policy = "support.policies:add_then_answer"
+    result = model_rollout(
+        tmp_path, str(tasks), "-n", "2", "--mode", "model", "--policy", policy, "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and len({r["rollout_id"] for r in records}) == 2
+    for record in records:
+        assert (record["reward"], record["outcome"], record["error_type"]) == (1.0, "done", "")
+        roles = [m["role"] for m in record["messages"]]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        assert record["messages"][2]["content"] == "5"
+        assert record["messages"][-1]["content"] == "The sum is 5."
+        first, second = record["calls"]
+        assert first["messages"] == [{"role": "user", "content": "what is 2+3?"}]
+        assert "add" in [t["function"]["name"] for t in first["tools"]]
+        assert first["completion"]["tool_calls"][0]["name"] == "add"
+        assert (first["token_ids"], first["logprobs"]) == ([11, 12], [-0.1, -0.2])
+        assert second["messages"] == record["messages"][:3]
+        assert second["completion"]["content"] == "The sum is 5."
+        assert second["token_ids"] is None and not second["side"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--policy", "support.policies:add_then_answer"], "add --mode model"),
+        (["--mode", "model"], "--mode model needs --policy"),
+        (["--mode", "model", "--policy", "nowhere_xyz:fn"], "Cannot import policy"),
+        (
+            ["--mode", "model", "--policy", "support.policies:add_then_answer", "--max-steps", "0"],
+            "--max-steps must be at least 1",
+        ),
+    ],
+)
+def test_model_mode_rollout_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "add", "prompt": "what is 2+3?"}\n')
+    result = model_rollout(tmp_path, str(tasks), "--out", str(tmp_path / "o.jsonl"), *args)
+    assert result.returncode == 2
+    assert needle in result.stderr, result.stderr

@@ -210,3 +210,74 @@ def test_local_rollout_on_two_envs_writes_the_records_of_one() -> None:
     assert one == two
     assert {r["outcome"] for r in runs[1]} >= {"done", "max_turns"}
     assert len({r["episode_id"] for r in runs[2]}) == 4
+
+
+def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
+    from support.policies import add_then_answer, not_an_action
+
+    seen: list[dict[str, Any]] = []
+
+    def policy(request: dict[str, Any]) -> str | dict[str, Any]:
+        seen.append(request)
+        return add_then_answer(request)
+
+    tasks = [Task(id="add", prompt="what is 2+3?", meta={"expect": "5"})]
+    out = io.StringIO()
+    kwargs = {"mode": "model"}
+    written = local_rollout(
+        "gym_harness/Reference-v0",
+        kwargs,
+        tasks,
+        n=1,
+        seed=0,
+        max_turns=1,
+        follow_up="",
+        out=out,
+        policy=policy,
+    )
+    (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert written == 1 and len(seen) == 2
+    assert (record["reward"], record["outcome"]) == (1.0, "done")
+    assert [c["request_id"] for c in record["calls"]] == [r["request_id"] for r in seen]
+    assert record["messages"][-1] == {"role": "assistant", "content": "The sum is 5."}
+
+    out = io.StringIO()  # max_steps stops an episode the policy keeps going
+    local_rollout(
+        "gym_harness/Reference-v0",
+        kwargs,
+        tasks,
+        n=1,
+        seed=0,
+        max_turns=1,
+        follow_up="",
+        out=out,
+        policy=lambda request: add_then_answer({"messages": [{"role": "user"}]}),
+        max_steps=3,
+    )
+    record = json.loads(out.getvalue())
+    assert record["outcome"] == "max_turns" and len(record["calls"]) == 3
+
+    with pytest.raises(TypeError, match="policy must return a str or a dict"):
+        local_rollout(
+            "gym_harness/Reference-v0",
+            kwargs,
+            tasks,
+            n=1,
+            seed=0,
+            max_turns=1,
+            follow_up="",
+            out=io.StringIO(),
+            policy=not_an_action,
+        )
+    with pytest.raises(ConfigError, match="policy must be a callable"):
+        local_rollout(
+            "gym_harness/Reference-v0",
+            kwargs,
+            tasks,
+            n=1,
+            seed=0,
+            max_turns=1,
+            follow_up="",
+            out=io.StringIO(),
+            policy="json:__doc__",
+        )

@@ -5,6 +5,7 @@
 * ``raw_upstream``: a bare TCP upstream that answers with exact bytes.
 * ``process``: the fake harness of the process tests and the pid checks around it.
 * ``gate``: a tool body that blocks until the test releases it.
+* ``policies``: policies for model-mode rollouts.
 * ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use
   the path constants below, never a path of your own.
 """
@@ -13,7 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["HARNESS_SCRIPT", "HOSTILE_SCRIPT", "LINE_AGENT", "OWNER_SCRIPT", "SUPPORT"]
+__all__ = [
+    "HARNESS_SCRIPT",
+    "HOSTILE_SCRIPT",
+    "LINE_AGENT",
+    "MODEL_AGENT",
+    "OWNER_SCRIPT",
+    "SUPPORT",
+]
 
 #: This directory.
 SUPPORT = Path(__file__).resolve().parent
@@ -25,3 +33,5 @@ HARNESS_SCRIPT = SUPPORT / "scripts" / "harness.py"
 HOSTILE_SCRIPT = SUPPORT / "scripts" / "hostile.py"
 #: A process that owns an env and reports on it (the containment tests).
 OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
+#: A line-protocol harness whose model is the env (model mode; ``side``/``stall`` words).
+MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"

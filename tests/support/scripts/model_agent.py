@@ -1,0 +1,112 @@
+"""A line-protocol harness whose model is the env (the Command harness of the model-mode tests).
+
+Usage: ``python model_agent.py``. Each user message runs a ReAct loop: a Chat Completions
+call to ``$GYM_HARNESS_MODEL_BASE_URL/v1/chat/completions`` (key
+``$GYM_HARNESS_MODEL_API_KEY``, model ``main``) offering the bridge's tools; each tool
+call of the answer runs over the MCP bridge (``gym_harness.agents._mcp_tools``, the
+reference agent's client) and its result goes back as a ``tool`` message; a text
+answer ends the turn. Words in the user message ask for more:
+
+    "side"   first make a side call (model ``gym-side``, no tools), as a title call would
+    "stall"  after the first answer, go silent forever (a harness stuck after the answer)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from gym_harness.agents._mcp_tools import MCPTools
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Agent:
+    def __init__(self) -> None:
+        import httpx2
+
+        base = os.environ["GYM_HARNESS_MODEL_BASE_URL"].rstrip("/")
+        self.url = base + "/v1/chat/completions"
+        key = os.environ.get("GYM_HARNESS_MODEL_API_KEY", "")
+        # Longer than any policy the tests run: the env, not this client, bounds the wait.
+        self.http = httpx2.Client(headers={"Authorization": f"Bearer {key}"}, timeout=700.0)
+        self.tools = MCPTools(
+            os.environ.get("GYM_HARNESS_MCP_URL", ""),
+            os.environ.get("GYM_HARNESS_MCP_TOKEN", ""),
+            60.0,
+        )
+        self.messages: list[dict[str, Any]] = []
+        self.functions: list[dict[str, Any]] | None = None
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        reply = self.http.post(self.url, json=body)
+        reply.raise_for_status()
+        message: dict[str, Any] = reply.json()["choices"][0]["message"]
+        return message
+
+    def tool_functions(self) -> list[dict[str, Any]]:
+        if self.functions is None:
+            self.functions = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "parameters": t["input_schema"] or {"type": "object", "properties": {}},
+                    },
+                }
+                for t in self.tools.list_tools()
+            ]
+        return self.functions
+
+    def turn(self, content: str) -> None:
+        if "side" in content:
+            ask = [{"role": "user", "content": "title: " + content}]
+            title = self.complete({"model": "gym-side", "messages": ask})
+            emit({"type": "text", "text": f"[title: {title.get('content')}] "})
+        self.messages.append({"role": "user", "content": content})
+        body = {"model": "main", "messages": self.messages, "tools": self.tool_functions()}
+        while True:
+            message = self.complete(body)
+            if "stall" in content:
+                time.sleep(3600)
+            calls = message.get("tool_calls") or []
+            self.messages.append(
+                {"role": "assistant", "content": message.get("content") or "", "tool_calls": calls}
+                if calls
+                else {"role": "assistant", "content": message.get("content") or ""}
+            )
+            if not calls:
+                text = message.get("content") or ""
+                emit({"type": "turn_complete", "response": text, "done": False})
+                return
+            for call in calls:
+                name = call["function"]["name"]
+                arguments = json.loads(call["function"]["arguments"] or "{}")
+                emit({"type": "tool_call", "name": name, "arguments": arguments})
+                text, is_error = self.tools.call(name, arguments)
+                emit({"type": "tool_result", "name": name, "content": text, "is_error": is_error})
+                self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+
+
+def main() -> int:
+    agent = Agent()
+    emit({"type": "ready"})
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                agent.turn(json.loads(line)["content"])
+    finally:
+        agent.tools.close()
+        agent.http.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
