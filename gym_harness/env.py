@@ -454,8 +454,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
         self.trajectory.turns.append(record)
-        if self.reward_fn is None or result.error_type is Outcome.INVALID_ACTION:
-            return record  # a bad action scores 0.0 whatever the workspace holds
+        if self.reward_fn is None or result.error_type == Outcome.INVALID_ACTION:
+            return record  # a malformed action scores 0.0 (issue 14), not reward_fn's
         assert self._episode_dir is not None
         if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
             self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)

@@ -165,6 +165,12 @@ class ClaudeCodeHarness(Harness):
             **private_home_env(ctx.home),
             "CLAUDE_CONFIG_DIR": str(ctx.home / ".claude"),
             **TELEMETRY_OFF,
+            # By default Claude Code connects --mcp-config servers in the background and may
+            # send its first model call without them (init: server "pending"): a loaded
+            # machine loses the env tools. Blocking mode waits MCP_CONNECT_TIMEOUT_MS (default
+            # 5 s) for them first: let it wait as long as startup may take.
+            "MCP_CONNECTION_NONBLOCKING": "0",
+            "MCP_CONNECT_TIMEOUT_MS": str(int(config.startup_timeout_s * 1000)),
         }
         drop: tuple[str, ...] = NESTING_VARS
         passthrough = present(PROVIDER_VARS)
