@@ -223,7 +223,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise
         self.trajectory.reset_s = time.monotonic() - started
-        info = self._info(0, *self._startup_error, events, 0.0)
+        outcome, error = str(self._startup_error[0]), self._startup_error[1]
+        if self._model is not None and self._model.ended is not None and not outcome:
+            outcome, error = str(self._model.ended.error_type), self._model.ended.error
+        info = self._info(0, outcome, error, events, 0.0)
         self._callbacks.raise_pending("the harness's startup (reset)")
         return prompt, info
 

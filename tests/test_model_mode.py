@@ -350,3 +350,18 @@ def test_a_harness_that_never_starts_gives_a_json_observation_and_startup_failed
         assert json.loads(obs)["request_id"] == ""
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(("prompt", "outcome"), [("crash", Outcome.HARNESS_CRASHED), ("hi", "")])
+def test_a_turn_that_ends_before_any_model_call_is_told_at_reset(prompt: str, outcome: str) -> None:
+    """The first turn ended without a model call: reset's info says how, the step ends it."""
+    task = [{"id": "t", "prompt": prompt}]
+    env = HarnessEnv("command", command=[sys.executable, str(LINE_AGENT)], mode="model", tasks=task)
+    try:
+        obs, info = env.reset(seed=0)
+        assert (info["error_type"], json.loads(obs)["request_id"]) == (outcome, "")
+        _, _, term, trunc, info = env.step("anything")
+        assert (term, trunc, info["error_type"]) == (True, False, outcome)
+        assert env.trajectory.turns[-1].message == prompt
+    finally:
+        env.close()
