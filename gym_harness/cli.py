@@ -20,7 +20,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -261,12 +261,27 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             request_logprobs=args.logprobs,
         )
     model = _model_settings(args, kwargs)
-    if args.ray is not None:
-        return _ray_rollout(args, kwargs, tasks, max_turns, model)
+    if args.ray is None:
+        return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, model)
+    from gym_harness.ray import ray_rollout
+
+    remote = {"address": args.ray or None, **({**model, "policy": args.policy} if model else {})}
+    return _write_rollout(args, kwargs, tasks, max_turns, ray_rollout, remote)
+
+
+def _write_rollout(
+    args: argparse.Namespace,
+    kwargs: dict[str, Any],
+    tasks: Sequence[Task],
+    max_turns: int,
+    rollout: Callable[..., int],
+    options: dict[str, Any],
+) -> int:
+    """Run ``rollout`` (local or Ray) into ``--out``, with a progress line on stderr."""
     progress = _Progress(len(tasks) * args.n, sys.stderr)
     try:
         with args.out.open("w", encoding="utf-8") as out:
-            done = local_rollout(
+            done = rollout(
                 args.env,
                 kwargs,
                 tasks,
@@ -277,7 +292,7 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                 out=out,
                 progress=progress.update,
                 on_record=lambda record: _add_exchanges(record, args),
-                **model,
+                **options,
             )
     finally:
         progress.close()
@@ -302,38 +317,6 @@ def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[st
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
     if args.capture:
         record["llm_exchanges"] = llm_exchanges(record["turns"])
-
-
-def _ray_rollout(
-    args: argparse.Namespace,
-    kwargs: dict[str, Any],
-    tasks: Sequence[Task],
-    max_turns: int,
-    model: dict[str, Any],
-) -> int:
-    from gym_harness.ray import ray_rollout
-
-    progress = _Progress(len(tasks) * args.n, sys.stderr)
-    try:
-        with args.out.open("w", encoding="utf-8") as out:
-            done = ray_rollout(
-                args.env,
-                kwargs,
-                tasks,
-                n=args.n,
-                seed=args.seed,
-                max_turns=max_turns,
-                follow_up=args.follow_up,
-                out=out,
-                progress=progress.update,
-                on_record=lambda record: _add_exchanges(record, args),
-                address=args.ray or None,
-                **{**model, "policy": args.policy} if model else {},
-            )
-    finally:
-        progress.close()
-    print(f"wrote {done} episodes to {args.out}")
-    return 0
 
 
 class _Progress:
