@@ -20,7 +20,6 @@ def check_env_options(
     tool_timeout_s: float,
     capture: bool,
     upstream: str | None,
-    model_mode: bool,
 ) -> None:
     """Raise ``ConfigError`` saying what to fix in the first bad keyword, if any."""
     if render_mode not in (None, *render_modes):
@@ -31,13 +30,8 @@ def check_env_options(
         raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
     if capture and not (isinstance(upstream, str) and upstream.startswith(("http://", "https://"))):
         raise ConfigError(
-            f"capture=True needs upstream='http(s)://host[:port]' (the real API's origin), "
-            f"got {upstream!r}."
-        )
-    if model_mode and upstream is not None:
-        raise ConfigError(
-            'mode="model" with upstream= is not supported yet: side calls get the fixed '
-            'answer (or pass model_calls="all" to answer them as steps); drop upstream.'
+            f"capture=True (or upstream= with mode='model') needs upstream='http(s)://host[:port]' "
+            f"(the real API's origin), got {upstream!r}."
         )
 
 

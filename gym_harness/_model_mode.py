@@ -24,6 +24,7 @@ from gym_harness.outcome import Outcome
 from gym_harness.trajectory import TurnRecord
 
 if TYPE_CHECKING:
+    from gym_harness.capture import ModelProxy
     from gym_harness.env import HarnessEnv
     from gym_harness.harnesses.base import Harness
     from gym_harness.model.endpoint import EndpointConfig, ModelEndpoint, PendingCall
@@ -43,7 +44,8 @@ def model_options(
     """The endpoint settings of ``mode="model"`` (``None`` for ``"turns"``), checked.
 
     Raises:
-        ConfigError: An unknown mode, ``capture`` with model mode, or a bad setting.
+        ConfigError: An unknown mode, ``capture`` with model mode (``upstream`` alone
+            is fine: side calls go there), or a bad setting.
     """
     if mode == "turns":
         return None
@@ -105,8 +107,18 @@ class ModelTurns:
         endpoint.start()
         return cls(endpoint, user_fn)
 
-    def new_key(self) -> str:
-        """A new episode's key for the endpoint; calls of earlier episodes are refused."""
+    def new_key(self, proxy: ModelProxy | None = None) -> str:
+        """A new episode's key for the endpoint; calls of earlier episodes are refused.
+
+        Args:
+            proxy: The capture proxy side calls go through (``upstream=`` is set), if any,
+                its token already rotated for the new episode.
+        """
+        if proxy is not None:
+            from gym_harness.model._side import MARGIN_S, SideUpstream
+
+            timeout_s = proxy.timeout_s + MARGIN_S  # the proxy's own 504 comes first
+            self.endpoint.side_upstream = SideUpstream(proxy.base_url, proxy.token, timeout_s)
         return self.endpoint.rotate_token()
 
     def take_step(
@@ -130,6 +142,8 @@ class ModelTurns:
             result = self.step(runner, action, env._budget())
         reward = 0.0
         while result is not None:  # a turn ended
+            if env._proxy is not None:  # the exchanges of the side calls sent upstream
+                result = env._proxy.close_turn(result)
             record = env._record(turn, self.message, result, started_at, time.monotonic() - start)
             if not (record.terminated or record.truncated or runner is None):
                 if (message := self.next_turn(env.trajectory)) is not None:

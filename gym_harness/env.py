@@ -76,7 +76,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             that records every exchange as ``llm_request`` / ``llm_response`` events.
         upstream: With ``capture``, the real API's origin (``https://api.example.com``,
             ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
-            path); the harness is pointed at the proxy instead. Not with ``mode="model"``.
+            path); the harness (in ``mode="model"``, its side calls) goes to the proxy.
         upstream_api_key_env: With ``capture``, the variable holding the real key; it
             stays in this process (the harness gets a per-episode proxy token).
         request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
@@ -136,6 +136,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
             self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
             self.harness = self.harness.for_model_mode()
+            capture = upstream is not None  # side calls then go upstream through the proxy
         self.config = self.harness.default_config().replace(**config_kwargs)
         self.harness.check_config(self.config)
         self.harness.preflight(self.config, captured=capture or self._model_options is not None)
@@ -146,7 +147,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
             tool_timeout_s=tool_timeout_s,
             capture=capture,
             upstream=upstream,
-            model_mode=self._model_options is not None,
         )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
@@ -375,13 +375,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._proxy = proxy
             proxy.drain()  # exchanges of an earlier episode's last moments
             model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
-        elif self._model_options is not None:
+        if self._model_options is not None:  # side calls go to the proxy, if any
             from gym_harness._model_mode import ModelTurns
 
             self._model = self._model or ModelTurns.serve(
                 self.harness, self._model_options, self._user_fn
             )
-            model_base_url, model_api_key = self._model.endpoint.base_url, self._model.new_key()
+            model_api_key = self._model.new_key(self._proxy)
+            model_base_url = self._model.endpoint.base_url
             policy_timeout_s = self._model_options.policy_timeout_s
         return EpisodeContext(
             episode_id=episode_id,

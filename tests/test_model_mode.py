@@ -324,7 +324,7 @@ def test_a_policy_thinking_between_steps_never_times_the_turn_out(kind: str) -> 
         ({"mode": "model", "model_calls": "some"}, 'model_calls must be "main" or "all"'),
         ({"mode": "model", "policy_timeout_s": 0}, "policy_timeout_s must be"),
         ({"mode": "model", "policy_timeout_s": -1.0}, "policy_timeout_s must be"),
-        ({"mode": "model", "upstream": "http://127.0.0.1:9"}, "not supported yet"),
+        ({"mode": "model", "upstream": "ftp://127.0.0.1:9"}, "needs upstream='http(s)"),
         ({"mode": "model", "user_fn": 3}, "user_fn must be a callable"),
         ({"mode": "model", "user_fn": "no_such_module_xyz:fn"}, "no_such_module_xyz"),
     ],

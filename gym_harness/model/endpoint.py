@@ -12,7 +12,8 @@ wire format (:class:`~gym_harness.model.AnswerWriter`).
   ``policy_timeout_s`` after it arrived ends with an API error (504, or the stream's
   error event) and is recorded.
 * **Side calls** (the adapter's ``side_call`` says which: titles, summaries) get
-  ``side_answer`` at once when ``model_calls="main"``; with ``"all"`` they are steps too.
+  ``side_answer`` at once when ``model_calls="main"`` (or go to :attr:`side_upstream`,
+  when set: see ``gym_harness.model._side``); with ``"all"`` they are steps too.
 * **Retries are not new steps.** A request equal to a waiting call (``stream`` aside;
   on ``x-stainless-retry-count`` > 0, its conversation alone) joins it; one equal to a
   recently answered call gets the same answer again (see docs/model-mode.md).
@@ -59,6 +60,7 @@ from gym_harness.model._exchange import (
     wake,
     write_whole,
 )
+from gym_harness.model._side import SideUpstream, answer_side
 from gym_harness.model.action import Completion
 from gym_harness.model.answer import AnswerWriter, Usage, error_body
 from gym_harness.model.calls import (
@@ -137,6 +139,7 @@ class ModelEndpoint(LoopbackService):
         self._seq = 0
         self._ids = f"req_{uuid.uuid4().hex[:8]}_"  # request ids unique across endpoints
         self._wake = WakeFlag()
+        self.side_upstream: SideUpstream | None = None  #: where side calls go, if set
         #: ``time.monotonic()`` of the last request, or answer written: the harness's signs
         #: of life (keep-alives are the endpoint's own bytes and do not count).
         self.last_activity = time.monotonic()
@@ -413,18 +416,9 @@ class ModelEndpoint(LoopbackService):
             )
             side = False
         if side and self.config.model_calls == "main":
-            await self._answer_side(send, seq, request, path, started)
+            await answer_side(self, send, (seq, request, path, started), scope, body)
             return
         await self._main(send, receive, seq, request, path, side, hdrs, conn)
-
-    async def _answer_side(
-        self, send: Any, seq: int, request: ModelRequest, path: str, started: float
-    ) -> None:
-        completion = Completion(content=self.config.side_answer)
-        writer = AnswerWriter(request)
-        with self._lock:
-            self._record(seq, request, path, True, completion, 200, "", started)
-        await write_whole(send, writer, completion)
 
     async def _main(
         self,

@@ -7,7 +7,8 @@ call of the answer runs over the MCP bridge (``gym_harness.agents._mcp_tools``, 
 reference agent's client) and its result goes back as a ``tool`` message; a text
 answer ends the turn. Words in the user message ask for more:
 
-    "side"   first make a side call (model ``gym-side``, no tools), as a title call would
+    "side"   first make a side call (model ``gym-side``, no tools), as a title call would;
+             its answer, or "failed STATUS", is shown as ``[title: ...]``
     "stall"  after the first answer, go silent forever (a harness stuck after the answer)
 """
 
@@ -68,8 +69,13 @@ class Agent:
     def turn(self, content: str) -> None:
         if "side" in content:
             ask = [{"role": "user", "content": "title: " + content}]
-            title = self.complete({"model": "gym-side", "messages": ask})
-            emit({"type": "text", "text": f"[title: {title.get('content')}] "})
+            reply = self.http.post(self.url, json={"model": "gym-side", "messages": ask})
+            title = (  # a failed title call is no failed turn (as in the real CLIs)
+                reply.json()["choices"][0]["message"].get("content")
+                if reply.status_code == 200
+                else f"failed {reply.status_code}"
+            )
+            emit({"type": "text", "text": f"[title: {title}] "})
         self.messages.append({"role": "user", "content": content})
         body = {"model": "main", "messages": self.messages, "tools": self.tool_functions()}
         while True:
