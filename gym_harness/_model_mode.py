@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
 from gym_harness.events import HarnessEvent, TurnResult
-from gym_harness.model.action import Completion, InvalidAction
+from gym_harness.model.action import Completion, InvalidAction, chat_tool_calls
 from gym_harness.outcome import Outcome
 from gym_harness.trajectory import TurnRecord
 
@@ -65,14 +65,7 @@ def assistant_message(completion: Completion) -> dict[str, Any]:
     """``completion`` as an assistant message in the chat form of the observations."""
     message: dict[str, Any] = {"role": "assistant", "content": completion.content}
     if completion.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments_json},
-            }
-            for call in completion.tool_calls
-        ]
+        message["tool_calls"] = chat_tool_calls(completion.tool_calls)
     return message
 
 

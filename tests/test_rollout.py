@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import threading
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -212,6 +212,23 @@ def test_local_rollout_on_two_envs_writes_the_records_of_one() -> None:
     assert len({r["episode_id"] for r in runs[2]}) == 4
 
 
+def model_rollout(out: TextIO, policy: Any, **options: Any) -> int:
+    """One Reference episode of "what is 2+3?" in model mode, answered by ``policy``."""
+    tasks = [Task(id="add", prompt="what is 2+3?", meta={"expect": "5"})]
+    return local_rollout(
+        "gym_harness/Reference-v0",
+        {"mode": "model"},
+        tasks,
+        n=1,
+        seed=0,
+        max_turns=1,
+        follow_up="",
+        out=out,
+        policy=policy,
+        **options,
+    )
+
+
 def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
     from support.policies import add_then_answer, not_an_action
 
@@ -221,20 +238,8 @@ def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
         seen.append(request)
         return add_then_answer(request)
 
-    tasks = [Task(id="add", prompt="what is 2+3?", meta={"expect": "5"})]
     out = io.StringIO()
-    kwargs = {"mode": "model"}
-    written = local_rollout(
-        "gym_harness/Reference-v0",
-        kwargs,
-        tasks,
-        n=1,
-        seed=0,
-        max_turns=1,
-        follow_up="",
-        out=out,
-        policy=policy,
-    )
+    written = model_rollout(out, policy)
     (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert written == 1 and len(seen) == 2
     assert (record["reward"], record["outcome"]) == (1.0, "done")
@@ -242,42 +247,12 @@ def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
     assert record["messages"][-1] == {"role": "assistant", "content": "The sum is 5."}
 
     out = io.StringIO()  # max_steps stops an episode the policy keeps going
-    local_rollout(
-        "gym_harness/Reference-v0",
-        kwargs,
-        tasks,
-        n=1,
-        seed=0,
-        max_turns=1,
-        follow_up="",
-        out=out,
-        policy=lambda request: add_then_answer({"messages": [{"role": "user"}]}),
-        max_steps=3,
-    )
+    keep_adding = lambda request: add_then_answer({"messages": [{"role": "user"}]})  # noqa: E731
+    model_rollout(out, keep_adding, max_steps=3)
     record = json.loads(out.getvalue())
     assert record["outcome"] == "max_turns" and len(record["calls"]) == 3
 
     with pytest.raises(TypeError, match="policy must return a str or a dict"):
-        local_rollout(
-            "gym_harness/Reference-v0",
-            kwargs,
-            tasks,
-            n=1,
-            seed=0,
-            max_turns=1,
-            follow_up="",
-            out=io.StringIO(),
-            policy=not_an_action,
-        )
+        model_rollout(io.StringIO(), not_an_action)
     with pytest.raises(ConfigError, match="policy must be a callable"):
-        local_rollout(
-            "gym_harness/Reference-v0",
-            kwargs,
-            tasks,
-            n=1,
-            seed=0,
-            max_turns=1,
-            follow_up="",
-            out=io.StringIO(),
-            policy="json:__doc__",
-        )
+        model_rollout(io.StringIO(), "json:__doc__")

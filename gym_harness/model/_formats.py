@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_harness.model.action import Completion
+from gym_harness.model.action import Completion, chat_tool_calls
 from gym_harness.model.request import ModelRequest
 
 if TYPE_CHECKING:
@@ -282,14 +282,7 @@ def _chat_base(w: AnswerWriter, kind: str) -> dict[str, Any]:
 def _chat_whole(w: AnswerWriter, c: Completion, usage: Usage) -> Any:
     message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
     if c.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": t.id,
-                "type": "function",
-                "function": {"name": t.name, "arguments": t.arguments_json},
-            }
-            for t in c.tool_calls
-        ]
+        message["tool_calls"] = chat_tool_calls(c.tool_calls)
     choice = {"index": 0, "message": message, "finish_reason": c.stop_reason, "logprobs": None}
     return {**_chat_base(w, "chat.completion"), "choices": [choice], "usage": _chat_usage(usage)}
 

@@ -28,6 +28,7 @@ __all__ = [
     "Completion",
     "InvalidAction",
     "ToolCall",
+    "chat_tool_calls",
     "new_call_id",
     "parse_action",
 ]
@@ -125,6 +126,18 @@ class Completion:
         for key in ("token_ids", "logprobs"):
             out[key] = None if out[key] is None else list(out[key])
         return out
+
+
+def chat_tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    """Tool calls in the OpenAI chat form (``{"id", "type": "function", "function"}``)."""
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments_json},
+        }
+        for c in calls
+    ]
 
 
 def new_call_id(api: str) -> str:
