@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.model_server import QuietHandler, read_body
+from support.model_server import QuietHandler, read_body, serve_in_thread
 
 from gym_harness.model import (
     AnswerWriter,
@@ -70,10 +70,7 @@ class ModelEndpoint:
     def __enter__(self) -> ModelEndpoint:
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
+        self._thread = serve_in_thread(self._httpd)
         return self
 
     def __exit__(self, *exc: object) -> None:
