@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gym_harness.bridge import MCPBridge
+from gym_harness.bridge.server import MCPBridge
 
 ROUNDS = 10
 GOAL = 0.6

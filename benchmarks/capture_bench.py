@@ -78,7 +78,7 @@ def main() -> None:
     if args.client:
         return run_client(json.loads(args.client), args.n)
 
-    from gym_harness.capture import ModelProxy
+    from gym_harness.capture.proxy import ModelProxy
 
     me = [sys.executable, __file__, "--words", str(args.words)]
     server = subprocess.Popen(

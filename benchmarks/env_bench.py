@@ -1,4 +1,4 @@
-"""HarnessEnv.step and reset beside a bare pipe on the same line-protocol harness (issue #4).
+"""HarnessEnv.step and reset beside a bare pipe on the same line-protocol harness.
 
 The harness is ``tests/support/line_agent.py echo``: it prints ``{"type":"ready"}``, then
 answers each message at once with four lines (text, tool_call, an unknown type,
@@ -179,8 +179,14 @@ PHASES = {
     "step": (
         ("HarnessEnv.step", "gym_harness.env:HarnessEnv.step"),
         ("  TurnRunner.run", "gym_harness.turn:TurnRunner.run"),
-        ("    HarnessProcess.write_line", "gym_harness.process:HarnessProcess.write_line"),
-        ("    HarnessProcess.read_line (4 lines)", "gym_harness.process:HarnessProcess.read_line"),
+        (
+            "    HarnessProcess.write_line",
+            "gym_harness.process.harness_process:HarnessProcess.write_line",
+        ),
+        (
+            "    HarnessProcess.read_line (4 lines)",
+            "gym_harness.process.harness_process:HarnessProcess.read_line",
+        ),
         ("    CommandSession.feed (4 lines)", "gym_harness.harnesses.line:CommandSession.feed"),
         ("  HarnessEnv._record", "gym_harness.env:HarnessEnv._record"),
         ("  HarnessEnv._info", "gym_harness.env:HarnessEnv._info"),
@@ -188,16 +194,16 @@ PHASES = {
     "reset": (
         ("HarnessEnv.reset", "gym_harness.env:HarnessEnv.reset"),
         ("  HarnessEnv._end_episode", "gym_harness.env:HarnessEnv._end_episode"),
-        ("    HarnessProcess.stop", "gym_harness.process:HarnessProcess.stop"),
-        ("      _tree.end", "gym_harness._tree:end"),
-        ("        KeeperClient.end", "gym_harness._keeper_client:KeeperClient.end"),
-        ("      keeper release", "gym_harness._keeper_client:release"),
+        ("    HarnessProcess.stop", "gym_harness.process.harness_process:HarnessProcess.stop"),
+        ("      _tree.end", "gym_harness.process.tree:end"),
+        ("        KeeperClient.end", "gym_harness.process.keeper_client:KeeperClient.end"),
+        ("      keeper release", "gym_harness.process.keeper_client:release"),
         ("    shutil.rmtree (workspace)", "shutil:rmtree"),
         ("  HarnessEnv._prepare_episode", "gym_harness.env:HarnessEnv._prepare_episode"),
         ("  HarnessEnv._start_harness", "gym_harness.env:HarnessEnv._start_harness"),
-        ("    HarnessProcess._spawn", "gym_harness.process:HarnessProcess._spawn"),
-        ("      keeper acquire", "gym_harness._keeper_client:acquire"),
-        ("      KeeperClient.spawn", "gym_harness._keeper_client:KeeperClient.spawn"),
+        ("    HarnessProcess._spawn", "gym_harness.process.harness_process:HarnessProcess._spawn"),
+        ("      keeper acquire", "gym_harness.process.keeper_client:acquire"),
+        ("      KeeperClient.spawn", "gym_harness.process.keeper_client:KeeperClient.spawn"),
         ("    TurnRunner.startup (wait ready)", "gym_harness.turn:TurnRunner.startup"),
     ),
 }

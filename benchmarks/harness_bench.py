@@ -48,7 +48,8 @@ CLI_BIN = ROOT / ".clis" / "node_modules" / ".bin"
 from support.model_server import ScriptedModelServer  # noqa: E402
 
 from gym_harness import HarnessEnv  # noqa: E402
-from gym_harness.bridge import MCPBridge  # noqa: E402
+from gym_harness.bridge.server import MCPBridge  # noqa: E402
+from gym_harness.bridge.tools import load_tools  # noqa: E402
 from gym_harness.config import HarnessConfig  # noqa: E402
 from gym_harness.harnesses._common import write_private  # noqa: E402
 from gym_harness.harnesses.acp_presets import (  # noqa: E402
@@ -59,7 +60,6 @@ from gym_harness.harnesses.acp_presets import (  # noqa: E402
 from gym_harness.harnesses.base import EpisodeContext, Harness  # noqa: E402
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness  # noqa: E402
 from gym_harness.harnesses.codex import CodexHarness  # noqa: E402
-from gym_harness.tools import load_tools  # noqa: E402
 
 ONE_SHOT_TIMEOUT_S = 60.0
 #: The one-shot turn that makes the session; later turns must still carry it.

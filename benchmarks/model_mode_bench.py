@@ -1,4 +1,4 @@
-"""Model mode (issue #14): one model call as an env step, against capture mode and a bare exchange.
+"""Model mode: one model call as an env step, against capture mode and a bare exchange.
 
 Three figures, in one run, on the Reference harness (its ``openai`` policy, Chat
 Completions, not streamed) with the demo ``add`` tool:

@@ -4,7 +4,7 @@ Both drive the same echo script (tests/support/scripts/harness.py echo: prints
 {"type":"ready"}, then echoes each line). Bare and HarnessProcess runs alternate
 within each round, so machine noise hits both alike; prints medians and their ratios.
 
-A HarnessProcess is forked by a keeper process (``gym_harness._keeper``). Two
+A HarnessProcess is forked by a keeper process (``gym_harness.process.keeper``). Two
 spawn figures: with the keeper held between harnesses (``hold_keeper``, what an
 env does across resets: the figure of record), and cold (no hold: each harness
 starts its own keeper first, ~one bare Python start-up more).
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gym_harness.config import ProcessSpec
-from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.process.harness_process import HarnessProcess, hold_keeper, release_keeper
 from gym_harness.readiness import start_ready
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "support" / "scripts" / "harness.py"

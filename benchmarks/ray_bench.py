@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gym_harness.vector import make_vector_env
+from gym_harness.vector.factory import make_vector_env
 
 AGENT = Path(__file__).resolve().parent.parent / "tests" / "support" / "line_agent.py"
 
@@ -46,7 +46,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    from gym_harness.ray import RayVectorEnv
+    from gym_harness.rollout.ray import RayVectorEnv
 
     command = [sys.executable, str(AGENT), "echo", "--delay", str(args.delay)]
     ray.init(

@@ -1,4 +1,4 @@
-"""Every benchmark of the project in one run, one table, one JSON file (issue #6).
+"""Every benchmark of the project in one run, one table, one JSON file.
 
 Each figure is a ratio of our median to its baseline's median measured in the same
 run; ratios are the figures of record, absolute values stand beside them.
@@ -16,11 +16,11 @@ run; ratios are the figures of record, absolute values stand beside them.
 * ``import gym_harness`` vs ``import gymnasium`` (fresh interpreters), with and
   without cached bytecode
 * gym_harness beside OpenEnv: ``vs_openenv.py --json``
-* model mode (issue #14): ``model_mode_bench.py --json``, a step against the same
+* model mode: ``model_mode_bench.py --json``, a step against the same
   exchange in capture mode and a bare loopback round trip; calls/s of 1, 4, 8 envs
 
 The benchmark scripts run as child processes, so each starts clean. After the
-table, the goals of issue #15 are listed, each with its figure and PASS or MISS.
+table, the performance goals are listed, each with its figure and PASS or MISS.
 
     python benchmarks/run_all.py [--quick] [--only NAME ...]
 """
@@ -367,7 +367,7 @@ GOALS = (
 
 def goal_lines(rows: list[Row], ran: set[str]) -> list[str]:
     """One line per goal: the deciding figures and PASS, MISS or NOT RUN."""
-    lines = ["goals of issue #15 (PASS only when every figure of the goal meets it)"]
+    lines = ["goals (PASS only when every figure of the goal meets it)"]
     for number, what, prefix in GOALS:
         found = _row(rows, prefix)
         figures = ", ".join(_figure(r) for r in found) or "-"

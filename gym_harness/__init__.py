@@ -15,13 +15,19 @@ from __future__ import annotations
 import importlib
 import typing
 
-from gym_harness.capture_records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
-from gym_harness.chat_format import (
+from gym_harness.bridge.tools import (
+    RESERVED_TOOL_NAMES,
+    ToolSpec,
+    resolve_tool_conflicts,
+    tool_tags,
+)
+from gym_harness.capture.chat_format import (
     exchange_messages,
     exchange_records,
     exchange_tools,
     llm_exchanges,
 )
+from gym_harness.capture.records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig, ProcessSpec, TurnLimits
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
@@ -38,39 +44,31 @@ from gym_harness.errors import (
     WorkerLost,
 )
 from gym_harness.events import EventType, HarnessEvent, TurnResult
-from gym_harness.harnesses import (
-    HARNESSES,
-    EpisodeContext,
-    Feed,
-    Harness,
-    HarnessSession,
-    Launch,
-    harness_class,
-)
+from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
+from gym_harness.harnesses.registry import HARNESSES, harness_class
 from gym_harness.lifecycle import Lifecycle, Liveness
 from gym_harness.outcome import Outcome
-from gym_harness.process import HarnessProcess, ProcessUsage
+from gym_harness.process.harness_process import HarnessProcess, ProcessUsage
 from gym_harness.readiness import start_ready
 from gym_harness.registration import register_envs
-from gym_harness.spaces import UnicodeText
+from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks
-from gym_harness.tools import RESERVED_TOOL_NAMES, ToolSpec, resolve_tool_conflicts, tool_tags
 from gym_harness.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
-from gym_harness.vector import make_vector_env
+from gym_harness.vector.factory import make_vector_env
 
 if typing.TYPE_CHECKING:
-    from gym_harness.bridge import MCPBridge, ToolCallResult
-    from gym_harness.capture import ModelProxy
+    from gym_harness.bridge.server import MCPBridge, ToolCallResult
+    from gym_harness.capture.proxy import ModelProxy
 
 __version__ = "0.1.0"
 
 # The bridge and the model proxy import asyncio, and with it ssl and concurrent.futures:
 # a sixth of this package's import time. Their names load on first use (PEP 562).
 _LAZY = {
-    "MCPBridge": "gym_harness.bridge",
-    "ModelProxy": "gym_harness.capture",
-    "ToolCallResult": "gym_harness.bridge",
+    "MCPBridge": "gym_harness.bridge.server",
+    "ModelProxy": "gym_harness.capture.proxy",
+    "ToolCallResult": "gym_harness.bridge.server",
 }
 
 

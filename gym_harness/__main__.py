@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gym_harness.cli import main
+from gym_harness.rollout.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

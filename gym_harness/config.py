@@ -12,11 +12,19 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import ConfigError
 
-__all__ = ["DEFAULT_INHERIT_ENV", "INTERRUPT_GRACE_S", "HarnessConfig", "ProcessSpec", "TurnLimits"]
+__all__ = [
+    "DEFAULT_INHERIT_ENV",
+    "INTERRUPT_GRACE_S",
+    "HarnessConfig",
+    "ProcessSpec",
+    "TurnLimits",
+    "check_env_options",
+]
 
 #: Variables allowed through from our environment unless the config says otherwise.
 DEFAULT_INHERIT_ENV: tuple[str, ...] = (
@@ -270,4 +278,27 @@ def _positive(name: str, value: object) -> None:
     ):
         raise ConfigError(
             f"HarnessConfig.{name} must be a positive number of seconds, got {value!r}."
+        )
+
+
+def check_env_options(
+    *,
+    render_mode: str | None,
+    render_modes: list[str],
+    workspace: str | Path | None,
+    tool_timeout_s: float,
+    capture: bool,
+    upstream: str | None,
+) -> None:
+    """Raise ``ConfigError`` saying what to fix in the first bad keyword, if any."""
+    if render_mode not in (None, *render_modes):
+        raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
+    if workspace is not None and not Path(workspace).is_dir():
+        raise ConfigError(f"workspace {str(workspace)!r} is not a directory.")
+    if tool_timeout_s <= 0:
+        raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
+    if capture and not (isinstance(upstream, str) and upstream.startswith(("http://", "https://"))):
+        raise ConfigError(
+            f"capture=True (or upstream= with mode='model') needs upstream='http(s)://host[:port]' "
+            f"(the real API's origin), got {upstream!r}."
         )

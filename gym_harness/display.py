@@ -5,6 +5,9 @@ harness, task, outcome, reward and reset time, then one block per turn with the
 user message, each tool call (arguments) and its result, other events, the reply,
 the turn's timing and reward, and its error if any. Every piece of text from the
 episode goes through ``html.escape``: harness output is untrusted.
+
+It renders the JSON form of an episode (``Trajectory.to_dict()``, or a rollout record
+read back from its JSONL file), so it needs nothing of the trajectory's classes.
 """
 
 from __future__ import annotations
@@ -12,12 +15,9 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gym_harness.events import EventType, HarnessEvent
-
-if TYPE_CHECKING:
-    from gym_harness.trajectory import Trajectory, TurnRecord
+from gym_harness.events import EventType
 
 __all__ = ["trajectory_html"]
 
@@ -32,71 +32,74 @@ _PRE = "white-space:pre-wrap;word-break:break-word;margin:0;display:inline"
 _OUTCOME_COLOR = {"done": "#1a7f37", "running": "#555", "truncated": "#9a6700"}
 
 
-def trajectory_html(trajectory: Trajectory) -> str:
+def trajectory_html(episode: Mapping[str, Any]) -> str:
     """Render an episode as one HTML fragment.
 
     Args:
-        trajectory: The episode (``HarnessEnv.of(env).trajectory``).
+        episode: The episode's JSON form: ``Trajectory.to_dict()`` or a rollout record.
 
     Returns:
         A ``<div>`` with escaped text only; safe to display in a notebook.
     """
-    outcome = trajectory.outcome
+    outcome = str(episode.get("outcome", ""))
     color = _OUTCOME_COLOR.get(outcome, "#cf222e")  # error types are red
-    task = trajectory.task
+    task = episode.get("task")
+    turns = episode.get("turns") or []
     head = [
-        f"<b>episode</b> {_esc(trajectory.episode_id or '-')}",
-        f"<b>harness</b> {_esc(trajectory.harness)}",
+        f"<b>episode</b> {_esc(episode.get('episode_id') or '-')}",
+        f"<b>harness</b> {_esc(str(episode.get('harness', '')))}",
         f'<b>outcome</b> <span style="color:{color}">{_esc(outcome)}</span>',
-        f"<b>reward</b> {trajectory.total_reward:g}",
-        f"<b>turns</b> {len(trajectory.turns)}",
-        f"<b>reset</b> {trajectory.reset_s * 1e3:.0f} ms",
+        f"<b>reward</b> {episode.get('reward', 0.0):g}",
+        f"<b>turns</b> {len(turns)}",
+        f"<b>reset</b> {episode.get('reset_s', 0.0) * 1e3:.0f} ms",
     ]
     if task is not None:
         head.insert(2, f"<b>task</b> {_esc(str(task.get('id', '')))}")
     parts = [f'<div style="{_BOX}">', f'<div style="{_HEAD}">{" · ".join(head)}</div>']
     if task is not None and task.get("prompt"):
         parts.append(_line("task", str(task["prompt"]), "#555"))
-    parts.extend(_turn(record) for record in trajectory.turns)
-    if not trajectory.turns:
+    parts.extend(_turn(turn) for turn in turns)
+    if not turns:
         parts.append(f'<div style="{_HEAD}"><i>no turns yet</i></div>')
     parts.append("</div>")
     return "\n".join(parts)
 
 
-def _turn(record: TurnRecord) -> str:
+def _turn(turn: Mapping[str, Any]) -> str:
+    events = turn.get("events") or []
+    calls = sum(1 for event in events if event.get("type") == EventType.TOOL_CALL)
     head = (
-        f"turn {record.turn} · {record.elapsed_s * 1e3:.1f} ms · reward {record.reward:g} · "
-        f"{record.tool_calls} tool call{'s' if record.tool_calls != 1 else ''}"
+        f"turn {turn.get('turn')} · {turn.get('elapsed_s', 0.0) * 1e3:.1f} ms · "
+        f"reward {turn.get('reward', 0.0):g} · {calls} tool call{'s' if calls != 1 else ''}"
     )
-    if record.terminated:
+    if turn.get("terminated"):
         head += " · terminated"
-    if record.truncated:
+    if turn.get("truncated"):
         head += " · truncated"
     parts = [f'<div style="{_TURN}">', f'<div style="{_HEAD}">{_esc(head)}</div>']
-    parts.append(_line("user", record.message, "#0969da"))
-    parts.extend(_events(record.events))
-    parts.append(_line("harness", record.response, "#1a7f37"))
-    if record.error_type:
-        parts.append(_line(record.error_type, record.error, "#cf222e"))
+    parts.append(_line("user", str(turn.get("message", "")), "#0969da"))
+    parts.extend(_events(events))
+    parts.append(_line("harness", str(turn.get("response", "")), "#1a7f37"))
+    if turn.get("error_type"):
+        parts.append(_line(str(turn["error_type"]), str(turn.get("error", "")), "#cf222e"))
     parts.append("</div>")
     return "\n".join(parts)
 
 
-def _events(events: Iterable[HarnessEvent]) -> list[str]:
+def _events(events: Iterable[Mapping[str, Any]]) -> list[str]:
     out = []
     for event in events:
-        data = event.data
-        if event.type is EventType.TOOL_CALL:
+        kind, data = event.get("type"), event.get("data") or {}
+        if kind == EventType.TOOL_CALL:
             args = _json(data.get("arguments"))
             out.append(_line("tool call", f"{data.get('name')}({args})", "#8250df"))
-        elif event.type is EventType.TOOL_RESULT:
+        elif kind == EventType.TOOL_RESULT:
             label = "tool error" if data.get("is_error") else "tool result"
             text = f"{data.get('name')} → {_text(data.get('content'))}"
             out.append(_line(label, text, "#cf222e" if data.get("is_error") else "#8250df"))
-        elif event.type is EventType.ERROR:
+        elif kind == EventType.ERROR:
             out.append(_line("error", _json(dict(data)), "#cf222e"))
-        elif event.type is EventType.LLM_USAGE:
+        elif kind == EventType.LLM_USAGE:
             out.append(_line("llm usage", _json(dict(data)), "#555"))
     return out
 

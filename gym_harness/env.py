@@ -9,7 +9,7 @@ Whatever raises out of ``step`` (a ``KeyboardInterrupt`` mid-turn, a callback's
 error), the next ``step`` returns the reply to its own message or raises
 ``ResetNeeded``: a turn that did not finish ends the episode, and every turn is
 recorded in ``trajectory`` before the user's code (``reward_fn``, ``on_event``)
-runs on it (see ``gym_harness._usercode``).
+runs on it (see ``gym_harness.usercode``).
 
 Threads: the caller's thread runs reset/step/close and never needs an event
 loop. ``HarnessProcess`` owns its reader threads; ``MCPBridge`` owns its server
@@ -18,6 +18,7 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import uuid
@@ -28,26 +29,26 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 import gymnasium
 from gymnasium.error import ResetNeeded
 
-from gym_harness._env_checks import check_env_options, user_callable
-from gym_harness._usercode import CallbackGuard, RewardRunner
-from gym_harness.config import FIELD_NAMES
+from gym_harness.config import FIELD_NAMES, check_env_options
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.events import HarnessEvent, TurnResult
-from gym_harness.harnesses import Harness, make_harness
-from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses.base import EpisodeContext, Harness
+from gym_harness.harnesses.registry import make_harness
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
-from gym_harness.spaces import UnicodeText
+from gym_harness.process.workspaces import EpisodeDirs
+from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
+from gym_harness.usercode import CallbackGuard, RewardRunner, user_callable
 
 if TYPE_CHECKING:
-    from gym_harness._model_mode import ModelTurns, UserFn
-    from gym_harness.bridge import MCPBridge
-    from gym_harness.capture import ModelProxy
+    from gym_harness.bridge.server import MCPBridge
+    from gym_harness.capture.proxy import ModelProxy
     from gym_harness.model.endpoint import EndpointConfig
-    from gym_harness.process import HarnessProcess
+    from gym_harness.model.turns import ModelTurns, UserFn
+    from gym_harness.process.harness_process import HarnessProcess
 
 __all__ = ["HarnessEnv"]
 
@@ -129,10 +130,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
     ) -> None:
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
-        self.harness = make_harness(harness, harness_kwargs)
+        self.harness = make_harness(harness, harness_kwargs, _KEYWORDS)
         self._model_options: EndpointConfig | None = None
         if mode != "turns":
-            from gym_harness._model_mode import model_options
+            from gym_harness.model.turns import model_options
 
             self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
             self.harness = self.harness.for_model_mode()
@@ -158,8 +159,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._ended_why = ""
         self.lock = threading.Lock()
         self._tools_spec = tools
-        self._template = None if workspace is None else Path(workspace)
-        self._keep = keep_workspace
+        self._dirs = EpisodeDirs(None if workspace is None else Path(workspace), keep_workspace)
         self._tool_prefix = tool_prefix
         self._tool_timeout_s = tool_timeout_s
         self.observation_space = UnicodeText(MAX_TEXT)
@@ -167,12 +167,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._state = Lifecycle.NEW
         self._bridge: MCPBridge | None = None
         self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
-        self._keeper_held = False
         self._proxy: ModelProxy | None = None
         self._model: ModelTurns | None = None
         self._proc: HarnessProcess | None = None
-        self._root: Path | None = None
-        self._episode_dir: Path | None = None
         self._runner: TurnRunner | None = None
         self._task: Task | None = None
         self._startup_error: tuple[Outcome, str] = (Outcome.OK, "")
@@ -252,15 +249,18 @@ class HarnessEnv(gymnasium.Env[str, str]):
         started_at, start = time.time(), time.monotonic()
         try:
             if self._model is not None:
-                reply, record = self._model.take_step(self, action, turn, started_at, start)
+                from gym_harness.model.turns import Episode
+
+                episode = Episode(
+                    self._runner, self._startup_error, self.trajectory, self._budget(), self._record
+                )
+                reply, record = self._model.take_step(episode, action, turn, started_at, start)
             else:
                 if self._startup_error[0] or self._runner is None:
                     outcome, error = self._startup_error
                     result = TurnResult(error_type=outcome, error=error)
                 else:
                     result = self._runner.run(action, episode_deadline=self._budget())
-                if self._proxy is not None:  # a call still waiting upstream is cut into the turn
-                    result = self._proxy.close_turn(result)
                 record = self._record(turn, action, result, started_at, time.monotonic() - start)
                 reply = record.response
         except BaseException as exc:
@@ -303,16 +303,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 if service is not None:
                     service.stop()
             self._proxy = None
-            if self._root is not None and not self._keep:
-                from gym_harness._workspaces import disown_path, remove_path
-
-                remove_path(self._root)
-                disown_path(self._root)
-            if self._keeper_held:
-                from gym_harness.process import release_keeper
-
-                self._keeper_held = False
-                release_keeper()
+            self._dirs.close()
 
     # ----------------------------------------------------------------- orchestrator
 
@@ -342,7 +333,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
     @property
     def workspace(self) -> Path | None:
         """The current episode's workspace directory (``None`` before reset)."""
-        return None if self._episode_dir is None else self._episode_dir / "workspace"
+        current = self._dirs.current
+        return None if current is None else current / "workspace"
 
     @property
     def process(self) -> HarnessProcess | None:
@@ -352,31 +344,21 @@ class HarnessEnv(gymnasium.Env[str, str]):
     # ----------------------------------------------------------------- internals
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
-        from gym_harness._workspaces import episode_dirs, new_root
-
-        if self._root is None:
-            from gym_harness.process import hold_keeper
-
-            hold_keeper()  # first, so that a keeper owns the workspaces from the start
-            self._keeper_held = True
-            self._root = new_root(self._keep)
-        episode_dir = self._root / episode_id
-        workspace, home = episode_dirs(episode_dir, self._template, task)
-        self._episode_dir = episode_dir
+        workspace, home = self._dirs.new_episode(episode_id, task)
         bridge = self._ensure_bridge()
         bridge.start()
         if self.trajectory.episode_id:  # not the first episode: lock the old harness out
             bridge.rotate_token()
         model_base_url = model_api_key = policy_timeout_s = None
         if self._capture is not None:
-            from gym_harness.capture import start_proxy
+            from gym_harness.capture.proxy import start_proxy
 
             proxy = self._proxy or start_proxy(*self._capture, self.config.capture_max_bytes)
             self._proxy = proxy
             proxy.drain()  # exchanges of an earlier episode's last moments
             model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
         if self._model_options is not None:  # side calls go to the proxy, if any
-            from gym_harness._model_mode import ModelTurns
+            from gym_harness.model.turns import ModelTurns
 
             self._model = self._model or ModelTurns.serve(
                 self.harness, self._model_options, self._user_fn
@@ -398,7 +380,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _ensure_bridge(self) -> MCPBridge:
         if self._bridge is None:
-            from gym_harness.bridge import MCPBridge
+            from gym_harness.bridge.server import MCPBridge
 
             self._bridge = MCPBridge(
                 self._tools_spec if self._tools_spec is not None else [],
@@ -413,15 +395,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _start_harness(self, ctx: EpisodeContext) -> tuple[Outcome, str]:
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
-        from gym_harness.process import HarnessProcess, hold_keeper
+        from gym_harness.process.harness_process import HarnessProcess
 
         launch = self.harness.launch(
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
         config = launch.config
-        if not self._keeper_held:  # one keeper for all episodes, not one per reset
-            hold_keeper()
-            self._keeper_held = True
+        self._dirs.hold_keeper()  # one keeper for all episodes, not one per reset
         self._proc = HarnessProcess(config.process_spec())
         endpoint = None if self._model is None else self._model.endpoint
         signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)
@@ -456,15 +436,18 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
     ) -> TurnRecord:
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
+        if self._proxy is not None:  # a call still waiting upstream is cut into the turn
+            result = self._proxy.close_turn(result)
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
         self.trajectory.turns.append(record)
         if self.reward_fn is None or result.error_type == Outcome.INVALID_ACTION:
-            return record  # a malformed action scores 0.0 (issue 14), not reward_fn's
-        assert self._episode_dir is not None
+            return record  # a malformed action scores 0.0, not reward_fn's
+        workspace = self.workspace
+        assert workspace is not None
         if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
             self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
         task = None if self._task is None else self._task.to_dict()
-        ctx = record.reward_context(self._episode_dir / "workspace", task)
+        ctx = record.reward_context(workspace, task)
         self.trajectory.turns[-1] = record = record.scored(*self._rewards(ctx))
         return record
 
@@ -493,8 +476,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._stop_process()
         self._proc = None
         self._runner = None
-        if self._episode_dir is not None and not self._keep:
-            from gym_harness._workspaces import remove_path
+        self._dirs.end_episode()
 
-            remove_path(self._episode_dir)
-        self._episode_dir = None
+
+#: ``HarnessEnv``'s own keywords, named in the error for an unknown one.
+_KEYWORDS = tuple(
+    name
+    for name, param in inspect.signature(HarnessEnv).parameters.items()
+    if param.kind is param.KEYWORD_ONLY
+)

@@ -20,7 +20,7 @@ from gym_harness.outcome import Outcome
 from gym_harness.turn import STDERR_SUFFIX, TurnRunner
 
 if TYPE_CHECKING:
-    from gym_harness.process import HarnessProcess
+    from gym_harness.process.harness_process import HarnessProcess
 
 __all__ = ["start_ready"]
 

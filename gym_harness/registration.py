@@ -10,16 +10,16 @@ __all__ = ["register_envs"]
 
 _DATA = Path(__file__).resolve().parent / "data"
 _ENTRY = "gym_harness.env:HarnessEnv"
-_VECTOR = "gym_harness.vector:make_vector_env"
+_VECTOR = "gym_harness.vector.factory:make_vector_env"
 
 #: id -> (kwargs, max_episode_steps, nondeterministic)
 ENV_IDS: dict[str, tuple[dict[str, object], int | None, bool]] = {
     "gym_harness/Reference-v0": (
         {
             "harness": "reference",
-            "tools": "gym_harness.demo:DEMO_TOOLS",
+            "tools": "gym_harness.agents.demo:DEMO_TOOLS",
             "tasks": str(_DATA / "demo_tasks.jsonl"),
-            "reward_fn": "gym_harness.demo:demo_reward",
+            "reward_fn": "gym_harness.agents.demo:demo_reward",
         },
         20,
         True,  # replies are deterministic, but info carries timings and episode ids

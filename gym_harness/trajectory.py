@@ -335,7 +335,7 @@ class Trajectory:
 
     def final_messages(self) -> list[dict[str, Any]]:
         """Model mode: the last main call's messages with its answer (``[]`` if none)."""
-        from gym_harness._model_mode import assistant_message
+        from gym_harness.model.action import assistant_message
 
         for call in reversed(self.calls):
             if not call.side and call.observation is not None and call.completion is not None:
@@ -346,7 +346,7 @@ class Trajectory:
         """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""
         from gym_harness.display import trajectory_html
 
-        return trajectory_html(self)
+        return trajectory_html(self.to_dict())
 
     def transcript(self) -> str:
         """The episode as plain text, one block per turn (``render_mode="ansi"``)."""

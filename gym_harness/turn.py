@@ -47,9 +47,9 @@ from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
-    from gym_harness.bridge import MCPBridge
+    from gym_harness.bridge.server import MCPBridge
     from gym_harness.lifecycle import Liveness, Wake
-    from gym_harness.process import HarnessProcess
+    from gym_harness.process.harness_process import HarnessProcess
 
 __all__ = ["TurnEnded", "TurnRunner", "end_flags"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastmcp import FastMCP
 
-from gym_harness.tools import INTERNAL_TAG, REWARD_TAG, tool_tags
+from gym_harness.bridge.tools import INTERNAL_TAG, REWARD_TAG, tool_tags
 
 
 def echo(text: str) -> str:

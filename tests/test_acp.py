@@ -31,7 +31,8 @@ from support.cli import (
 from support.model_server import ScriptedModelServer
 
 from gym_harness.env import HarnessEnv
-from gym_harness.harnesses import EpisodeContext, harness_class
+from gym_harness.harnesses import EpisodeContext
+from gym_harness.harnesses.registry import harness_class
 
 FAKE_AGENT = textwrap.dedent(
     """

@@ -24,10 +24,10 @@ from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from support.gate import Gate
 
-from gym_harness.bridge import MCPBridge
+from gym_harness.bridge.server import MCPBridge
+from gym_harness.bridge.tools import INTERNAL_TAG, LOCKED_TAG, REWARD_TAG
 from gym_harness.errors import ConfigError, ToolConflictError
 from gym_harness.lifecycle import Lifecycle
-from gym_harness.tools import INTERNAL_TAG, LOCKED_TAG, REWARD_TAG
 
 _INIT = {
     "jsonrpc": "2.0",
@@ -229,7 +229,7 @@ def test_locked_tools_hold_the_env_lock() -> None:
 
 
 def tool_tagged(fn: Any) -> Any:
-    from gym_harness.tools import tool_tags
+    from gym_harness.bridge.tools import tool_tags
 
     return tool_tags(LOCKED_TAG)(fn)
 
@@ -269,7 +269,7 @@ def test_start_failure_is_a_bridge_error(tmp_path: Path) -> None:
             import os, resource, sys
             sys.path.insert(0, sys.argv[1])
             import sample_tools
-            from gym_harness.bridge import MCPBridge
+            from gym_harness.bridge.server import MCPBridge
             from gym_harness.errors import BridgeError
             bridge = MCPBridge(sample_tools.TOOLS)
             bridge.list_tools()  # load the tools while files can still be opened

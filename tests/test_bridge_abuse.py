@@ -20,10 +20,10 @@ from fastmcp.client.transports import StreamableHttpTransport
 from support.gate import Gate
 
 from gym_harness import HarnessEnv, tool_tags
-from gym_harness.bridge import MCPBridge
+from gym_harness.bridge.server import MCPBridge
+from gym_harness.bridge.tools import LOCKED_TAG
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
-from gym_harness.tools import LOCKED_TAG
 
 LEGACY_VERSION = "2025-06-18"
 

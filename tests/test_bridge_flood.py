@@ -28,7 +28,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from gym_harness.bridge import MCPBridge
+from gym_harness.bridge.server import MCPBridge
 
 MB = 1024 * 1024
 

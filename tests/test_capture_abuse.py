@@ -24,15 +24,15 @@ from hypothesis import strategies as st
 from support.model_server import Echo, ScriptedModelServer
 from support.raw_upstream import RawUpstream
 
-from gym_harness._secrets import MASK, Redactor
-from gym_harness.capture import (
+from gym_harness.capture.proxy import (
     DEFAULT_MAX_RECORD_BYTES,
     ModelExchange,
     ModelProxy,
     assemble,
     parse_sse,
 )
-from gym_harness.capture_records import MAX_DEPTH
+from gym_harness.capture.records import MAX_DEPTH
+from gym_harness.capture.secrets import MASK, Redactor
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import CaptureError, ConfigError
 

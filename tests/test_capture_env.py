@@ -21,8 +21,8 @@ from support.cli import cli_path
 from support.model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
-from gym_harness.capture import parse_sse
-from gym_harness.chat_format import exchange_messages, exchange_records
+from gym_harness.capture.chat_format import exchange_messages, exchange_records
+from gym_harness.capture.proxy import parse_sse
 
 REAL_KEY = "sk-real-upstream-key-7f3a"
 KEY_VAR = "TEST_REAL_KEY"
@@ -379,7 +379,7 @@ def test_rollout_capture_writes_llm_exchanges(srv: ScriptedModelServer, tmp_path
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "t1", "prompt": "hello model"}) + "\n")
     out = tmp_path / "out.jsonl"
-    argv = [sys.executable, "-m", "gym_harness.cli", "rollout", str(tasks)]
+    argv = [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", str(tasks)]
     argv += ["--env", "gym_harness/Reference-v0", "--set", 'policy="openai"', "--set", 'model="m"']
     argv += ["--capture", srv.base_url, "--upstream-key-env", KEY_VAR, "--out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=80)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gym_harness.cli", *args],
+        [sys.executable, "-m", "gym_harness.rollout.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -98,7 +98,7 @@ def test_bad_json_in_tasks_file(tmp_path: Path) -> None:
     assert "tasks.jsonl:2: not valid JSON" in result.stderr
 
 
-# ---------------------------------------------------------------- the first hour (issue 16)
+# ---------------------------------------------------------------- a newcomer's first hour
 
 
 def command_set(*args: str) -> str:
@@ -248,7 +248,7 @@ def model_rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str
     tests = str(ROOT / "tests")
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "gym_harness.cli", "rollout", *args],
+        [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", *args],
         capture_output=True,
         text=True,
         timeout=120,

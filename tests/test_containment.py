@@ -27,10 +27,10 @@ import pytest
 from support import OWNER_SCRIPT
 from support.process import SCRIPT, is_ready, running, wait_gone
 
-from gym_harness import _keeper
 from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.env import HarnessEnv
-from gym_harness.process import HarnessProcess
+from gym_harness.process import keeper as _keeper
+from gym_harness.process.harness_process import HarnessProcess
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
@@ -325,7 +325,7 @@ def test_vector_close_terminate_leaves_no_workspace(owner_user: tuple[list[str],
 LOCK_AND_REMOVE = """
 import os, sys
 from pathlib import Path
-from gym_harness._workspaces import remove_path
+from gym_harness.process.workspaces import remove_path
 root = Path(sys.argv[1]) / "gym_harness-locked"
 locked = root / "ep" / "workspace" / "locked" / "deeper"
 locked.mkdir(parents=True)

@@ -27,9 +27,9 @@ from gym_harness import (
     Launch,
     Outcome,
 )
-from gym_harness.harnesses import make_harness
 from gym_harness.harnesses.acp import ACPSession
 from gym_harness.harnesses.line import CommandSession
+from gym_harness.harnesses.registry import make_harness
 
 #: Harnesses that run a user-given argv need one; the others ignore it.
 COMMAND = (sys.executable, "-c", "pass")

@@ -1,4 +1,4 @@
-"""The bounded JSON parser (gym_harness._json): it agrees with json.loads within its
+"""The bounded JSON parser (gym_harness.utils.bounded_json): it agrees with json.loads within its
 bounds, and outside them raises only ValueError, never RecursionError."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gym_harness._json import MAX_DEPTH, JSONBoundError, loads, parse_object
-from gym_harness._lines import LineSplitter
+from gym_harness.utils.bounded_json import MAX_DEPTH, JSONBoundError, loads, parse_object
+from gym_harness.utils.lines import LineSplitter
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

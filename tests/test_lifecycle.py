@@ -9,11 +9,11 @@ import pytest
 from support.process import is_ready, spec
 
 from gym_harness import Lifecycle, Liveness, TurnLimits
-from gym_harness.bridge import MCPBridge
-from gym_harness.capture import ModelProxy
+from gym_harness.bridge.server import MCPBridge
+from gym_harness.capture.proxy import ModelProxy
 from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
-from gym_harness.process import HarnessProcess
+from gym_harness.process.harness_process import HarnessProcess
 from gym_harness.readiness import start_ready
 from gym_harness.turn import TurnRunner
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent(
     """
     import asyncio, os, sys, threading, time
-    from gym_harness.bridge import MCPBridge
+    from gym_harness.bridge.server import MCPBridge
 
     release = threading.Event()
 

@@ -3,7 +3,7 @@
 The requests under ``tests/data/model_requests`` are real: what Claude Code, Codex,
 OpenCode, Qwen Code and Gemini CLI sent (against tests/support/model_server.py, second model
 call of a turn that called the env tool ``add``). Answers are read back with the
-parsers the capture proxy uses (``capture_records.assemble``, ``chat_format``), which
+parsers the capture proxy uses (``capture.records.assemble``, ``chat_format``), which
 were written against the real APIs' streams.
 """
 
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_harness.capture_records import assemble, parse_sse
-from gym_harness.chat_format import exchange_messages
+from gym_harness.capture.chat_format import exchange_messages
+from gym_harness.capture.records import assemble, parse_sse
 from gym_harness.model import (
     ActionLimits,
     AnswerWriter,

@@ -1,4 +1,4 @@
-"""Nothing escapes a step (issue 11): every harness fault is an outcome, and no
+"""Nothing escapes a step: every harness fault is an outcome, and no
 turn is ever shifted or lost. Each case goes through ``gymnasium.make`` with a real
 hostile harness process (``tests/support/scripts/hostile.py``) and checks the outcome, that
 every turn is in the trajectory, and that the next step answers its own message

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
 
     def worker_state() -> str:
         \"\"\"What this vector worker has loaded (the tool runs in the worker).\"\"\"
-        import gym_harness._preload as preload
+        import gym_harness.vector.preload as preload
         return json.dumps({
             "client": sorted(m for m in sys.modules if m.startswith("mcp.client")),
             "preloaded": preload._PRELOADED,
@@ -85,7 +85,7 @@ def test_lazy_mcp_resolves_package_names_from_their_submodules() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from gym_harness._preload import install_lazy_mcp
+        from gym_harness.vector.preload import install_lazy_mcp
         assert install_lazy_mcp()
         assert not install_lazy_mcp()  # once only
         import mcp

@@ -24,7 +24,12 @@ from gym_harness.errors import (
     HarnessStartError,
     TurnTimeout,
 )
-from gym_harness.process import MARKER_VAR, SESSION_VAR, HarnessProcess, ProcessUsage
+from gym_harness.process.harness_process import (
+    MARKER_VAR,
+    SESSION_VAR,
+    HarnessProcess,
+    ProcessUsage,
+)
 from gym_harness.readiness import start_ready
 
 MB = 1024 * 1024

@@ -16,7 +16,7 @@ from support import OWNER_SCRIPT
 from support.process import SCRIPT, is_ready, running, spec, wait_gone
 
 from gym_harness.config import ProcessSpec
-from gym_harness.process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.process.harness_process import HarnessProcess, hold_keeper, release_keeper
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT

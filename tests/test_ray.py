@@ -23,14 +23,14 @@ import pytest
 from support import LINE_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
-from gym_harness import _keeper
-from gym_harness.demo import demo_tasks_path
+from gym_harness.agents.demo import demo_tasks_path
 from gym_harness.errors import ConfigError
-from gym_harness.rollout import run_episode
+from gym_harness.process import keeper as _keeper
+from gym_harness.rollout.local import run_episode
 from gym_harness.tasks import load_tasks
 
 ray = pytest.importorskip("ray")
-from gym_harness.ray import RayVectorEnv, ray_rollout  # noqa: E402
+from gym_harness.rollout.ray import RayVectorEnv, ray_rollout  # noqa: E402
 
 AGENT = str(LINE_AGENT)
 HALF_CPU = {"num_cpus": 0.5}  # 4 sub-envs on the 2 CPUs the test instance has

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from support.model_server import Fail, Reply, ScriptedModelServer
 
-from gym_harness.bridge import MCPBridge
-from gym_harness.demo import DEMO_TOOLS, demo_reward, demo_tasks
+from gym_harness.agents.demo import DEMO_TOOLS, demo_reward, demo_tasks
+from gym_harness.bridge.server import MCPBridge
 from gym_harness.events import HarnessEvent
 from gym_harness.trajectory import RewardContext
 

@@ -15,8 +15,8 @@ from typing import Any, TextIO
 import pytest
 
 from gym_harness import ConfigError, Task, Trajectory, WorkerLost, load_tasks
-from gym_harness.demo import demo_tasks_path
-from gym_harness.rollout import Episode, EpisodeWorker, episodes, local_rollout, schedule
+from gym_harness.agents.demo import demo_tasks_path
+from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, local_rollout, schedule
 
 TASKS = [Task.from_dict({"id": "a", "prompt": "A"}), Task.from_dict({"id": "b", "prompt": "B"})]
 

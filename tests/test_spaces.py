@@ -22,8 +22,8 @@ from gymnasium.vector.utils import batch_differing_spaces, create_empty_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gym_harness._text_memory import TextBatchView, TextSegments
-from gym_harness.spaces import UnicodeText
+from gym_harness.spaces.memory import TextBatchView, TextSegments
+from gym_harness.spaces.text import UnicodeText
 
 SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 

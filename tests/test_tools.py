@@ -1,4 +1,4 @@
-"""Tests for gym_harness.tools: naming, loading, marking and sync listing."""
+"""Tests for gym_harness.bridge.tools: naming, loading, marking and sync listing."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from fastmcp import FastMCP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
-from gym_harness.tools import (
+from gym_harness.bridge.tools import (
     INTERNAL_TAG,
     LOCKED_TAG,
     RESERVED_TOOL_NAMES,
     ToolSpec,
     load_tools,
     resolve_tool_conflicts,
-    run_sync,
     tool_tags,
 )
+from gym_harness.errors import BridgeError, ConfigError, ToolConflictError
+from gym_harness.loopback.server import run_sync
 
 
 def list_tool_specs(server: FastMCP) -> list[ToolSpec]:
@@ -191,7 +191,7 @@ def test_run_sync_propagates_errors_and_bounds_the_wait() -> None:
 
 def test_importing_the_modules_does_not_import_fastmcp() -> None:
     code = (
-        "import sys, gym_harness, gym_harness.tools, gym_harness.bridge;"
+        "import sys, gym_harness, gym_harness.bridge.tools, gym_harness.bridge.server;"
         "sys.exit('fastmcp' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], timeout=60, check=False)

@@ -18,7 +18,7 @@ from gym_harness import (
     TurnRecord,
     TurnResult,
 )
-from gym_harness.rollout import run_episode
+from gym_harness.rollout.local import run_episode
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -1,114 +1,18 @@
-"""Harness adapters, one module per wire dialect, and the registry of their names.
+"""Harness adapters: config into argv, environment and files; harness output into events.
 
-Adapter modules are imported only when a harness is asked for by name, so
-``import gym_harness`` stays cheap.
+* :mod:`~gym_harness.harnesses.base`: ``Harness`` (the factory, picklable),
+  ``HarnessSession`` (one episode's dialect state), ``Feed``, ``Launch``,
+  ``EpisodeContext``.
+* :mod:`~gym_harness.harnesses.registry`: the registered names (``HARNESSES``,
+  ``harness_class``, ``make_harness``); adapter modules load by name, on first use.
+* One module per dialect: ``line`` (line protocol v1: Command, Reference),
+  ``claude_code``, ``codex`` (app-server; ``codex_config``), ``acp`` and its presets
+  (``acp_presets``: OpenCode, Qwen Code, Gemini CLI ...); ``_common`` holds what they share.
+
+Adapters translate and never spawn: they import no psutil, no socket or event-loop code,
+and nothing of the process, loopback, bridge, capture proxy, model endpoint or env.
 """
 
-from __future__ import annotations
-
-import difflib
-import inspect
-from typing import Any
-
-from gym_harness._imports import import_attr
-from gym_harness.config import FIELD_NAMES
-from gym_harness.errors import ConfigError
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 
-__all__ = [
-    "HARNESSES",
-    "EpisodeContext",
-    "Feed",
-    "Harness",
-    "HarnessSession",
-    "Launch",
-    "harness_class",
-    "make_harness",
-]
-
-#: Registered harness names and where their classes live.
-HARNESSES: dict[str, str] = {
-    "command": "gym_harness.harnesses.line:CommandHarness",
-    "reference": "gym_harness.harnesses.line:ReferenceHarness",
-    "claude_code": "gym_harness.harnesses.claude_code:ClaudeCodeHarness",
-    "codex": "gym_harness.harnesses.codex:CodexHarness",
-    "acp": "gym_harness.harnesses.acp:ACPHarness",
-    "opencode": "gym_harness.harnesses.acp_presets:OpenCodeHarness",
-    "qwen_code": "gym_harness.harnesses.acp_presets:QwenCodeHarness",
-    "gemini_cli": "gym_harness.harnesses.acp_presets:GeminiCLIHarness",
-    "claude_agent_acp": "gym_harness.harnesses.acp_presets:ClaudeAgentACPHarness",
-    "codex_acp": "gym_harness.harnesses.acp_presets:CodexACPHarness",
-}
-
-
-def harness_class(name: str) -> type[Harness]:
-    """Return the adapter class registered as ``name``.
-
-    Raises:
-        ConfigError: No harness has that name.
-    """
-    try:
-        target = HARNESSES[name]
-    except KeyError:
-        raise ConfigError(
-            f"Unknown harness {name!r}; registered harnesses: {sorted(HARNESSES)}, "
-            "or pass a Harness instance."
-        ) from None
-    cls: type[Harness] = import_attr(target, "harness")
-    return cls
-
-
-def make_harness(harness: Harness | str, options: dict[str, Any]) -> Harness:
-    """Return ``harness`` itself, or the registered harness built with ``options``.
-
-    Raises:
-        ConfigError: An unknown name, options given with an instance, or options the
-            harness's constructor does not take (the message suggests the closest
-            keyword and lists every one accepted).
-    """
-    if isinstance(harness, Harness):
-        if options:
-            raise ConfigError(
-                _unknown_keywords(sorted(options), [], "") + " Harness options go to the "
-                "Harness you construct, not to HarnessEnv."
-            )
-        return harness
-    if not isinstance(harness, str):
-        raise ConfigError(f"harness must be a Harness or a registered name, got {harness!r}.")
-    cls = harness_class(harness)
-    params = inspect.signature(cls).parameters
-    unknown = sorted(k for k in options if k not in params)
-    if unknown:
-        accepted = sorted(k for k in params if k not in ("self", "args", "kwargs"))
-        raise ConfigError(_unknown_keywords(unknown, accepted, harness))
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ConfigError(f"Bad options for the {harness!r} harness: {exc}.") from exc
-
-
-def _unknown_keywords(unknown: list[str], harness_options: list[str], harness: str) -> str:
-    """The error for keywords nobody takes: the closest known name, then every known one."""
-    from gym_harness.env import HarnessEnv  # the env imports this module: import lazily
-
-    env_options = sorted(
-        name
-        for name, param in inspect.signature(HarnessEnv).parameters.items()
-        if param.kind is param.KEYWORD_ONLY
-    )
-    known = [*env_options, *harness_options, *sorted(FIELD_NAMES)]
-    hints = []
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        if close:
-            hints.append(f"did you mean {close[0]!r} for {name!r}?")
-    owner = f"the {harness!r} harness" if harness else "a Harness instance"
-    parts = [
-        f"Unknown keyword(s) {unknown} for HarnessEnv with {owner}"
-        + (f"; {' '.join(hints)}" if hints else "."),
-        f"HarnessEnv takes {env_options};",
-    ]
-    if harness_options:
-        parts.append(f"the {harness!r} harness takes {harness_options};")
-    parts.append(f"and every HarnessConfig field {sorted(FIELD_NAMES)}.")
-    return " ".join(parts)
+__all__ = ["EpisodeContext", "Feed", "Harness", "HarnessSession", "Launch"]

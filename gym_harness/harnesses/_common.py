@@ -11,7 +11,7 @@ agents) needs the same few things:
 * ``write_private``: write a config file readable by its owner only (0600):
   bridge tokens go there or in the environment, never in argv.
 * ``json_line`` / ``parse_object``: one JSON object per line, both ways (parsing
-  through the one bounded parser, ``gym_harness._json``); ``not_json`` is the
+  through the one bounded parser, ``gym_harness.utils.bounded_json``); ``not_json`` is the
   ``protocol_error`` for a line that is not one, naming the bound it broke.
 * ``turn_failed``: the ``Feed`` of a turn the harness itself reports as failed;
   ``tools_not_loaded``: the message of a harness that did not load the env tools.
@@ -34,12 +34,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym_harness import _json
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import EpisodeContext, Feed
 from gym_harness.outcome import Outcome
+from gym_harness.utils import bounded_json
 
 __all__ = [
     "MODEL_KEY_VAR",
@@ -142,13 +142,13 @@ def json_line(obj: Mapping[str, Any]) -> str:
 
 
 def parse_object(line: str) -> tuple[dict[str, Any] | None, str]:
-    """Parse ``line`` as one JSON object, within the bounds of ``gym_harness._json``.
+    """Parse ``line`` as one JSON object, within the bounds of ``gym_harness.utils.bounded_json``.
 
     Returns:
         ``(obj, "")``, or ``(None, why)`` when it is anything else (``why`` names
         the bound a line broke: nesting depth, ``max_line_bytes``, digit count).
     """
-    return _json.parse_object(line)
+    return bounded_json.parse_object(line)
 
 
 def not_json(who: str, line: str, why: str = "not JSON") -> ProtocolError:

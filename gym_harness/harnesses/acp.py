@@ -30,7 +30,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from gym_harness import _json
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
@@ -46,6 +45,7 @@ from gym_harness.harnesses._common import (
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.outcome import Outcome
+from gym_harness.utils import bounded_json
 
 __all__ = ["PROTOCOL_VERSION", "ACPHarness", "ACPSession"]
 
@@ -408,7 +408,7 @@ def _arguments(tool_call: Mapping[str, Any]) -> dict[str, Any]:
     text = content_text(tool_call.get("content"))
     if text.startswith("{"):
         try:
-            parsed = _json.loads(text)
+            parsed = bounded_json.loads(text)
         except ValueError:
             return {}
         return parsed if isinstance(parsed, dict) else {}

@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
-from gym_harness._json import parse_object  # not _common's alias: one frame less per line
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
+from gym_harness.utils.bounded_json import (
+    parse_object,  # not _common's alias: one frame less per line
+)
 
 __all__ = ["CommandHarness", "CommandSession", "ReferenceHarness"]
 

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from gym_harness._proxy_http import send_json
+from gym_harness.capture.http import send_json
 from gym_harness.model.action import ActionLimits, Completion, parse_action
 from gym_harness.model.answer import AnswerWriter, Usage, error_body
 from gym_harness.model.request import ModelRequest

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gym_harness.model.action import Completion, chat_tool_calls
-from gym_harness.model.request import ModelRequest
-
-if TYPE_CHECKING:
-    from gym_harness.model.answer import AnswerWriter
+from gym_harness.model.action import Completion, ToolCall, chat_tool_calls
+from gym_harness.model.request import ModelRequest, WireTool
 
 __all__ = ["HEADS", "ID_PREFIX", "STREAMS", "WHOLE", "Event", "Usage"]
 
@@ -30,6 +27,18 @@ _ANTHROPIC_STOP = {
 }
 _GEMINI_STOP = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
 _GEMINI_STOP["content_filter"] = "SAFETY"
+
+
+class Writer(Protocol):
+    """What the builders read of the answer being written (``AnswerWriter``)."""
+
+    request: ModelRequest
+    created: int
+    answer_id: str
+
+    def next_sequence(self) -> int: ...
+
+    def wire_tool(self, call: ToolCall) -> WireTool: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class Usage:
 # -- Anthropic Messages ------------------------------------------------------------------------
 
 
-def _anthropic_message(w: AnswerWriter, content: list[Any], stop: str | None, usage: Any) -> Any:
+def _anthropic_message(w: Writer, content: list[Any], stop: str | None, usage: Any) -> Any:
     return {
         "id": w.answer_id,
         "type": "message",
@@ -80,12 +89,12 @@ def _anthropic_usage(usage: Usage, output: int) -> dict[str, int]:
     }
 
 
-def _anthropic_whole(w: AnswerWriter, c: Completion, usage: Usage) -> Any:
+def _anthropic_whole(w: Writer, c: Completion, usage: Usage) -> Any:
     wire_usage = _anthropic_usage(usage, usage.output_tokens)
     return _anthropic_message(w, _anthropic_blocks(c), _ANTHROPIC_STOP[c.stop_reason], wire_usage)
 
 
-def _anthropic_head(w: AnswerWriter) -> list[Event]:
+def _anthropic_head(w: Writer) -> list[Event]:
     # The input count is only known from the request here: estimate it the same way.
     usage = _anthropic_usage(Usage(max(1, w.request.size // 4), 1), 1)
     return [
@@ -96,7 +105,7 @@ def _anthropic_head(w: AnswerWriter) -> list[Event]:
     ]
 
 
-def _anthropic_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
+def _anthropic_stream(w: Writer, c: Completion, usage: Usage) -> list[Event]:
     events: list[Event] = []
     for index, block in enumerate(_anthropic_blocks(c)):
         start: dict[str, Any]
@@ -142,7 +151,7 @@ def _responses_usage(usage: Usage) -> dict[str, Any]:
 
 
 def _response(
-    w: AnswerWriter, status: str, output: list[Any], usage: Any, reason: str | None = None
+    w: Writer, status: str, output: list[Any], usage: Any, reason: str | None = None
 ) -> dict[str, Any]:
     return {
         "id": w.answer_id,
@@ -165,7 +174,7 @@ def _responses_status(c: Completion) -> tuple[str, str | None]:
     return "completed", None
 
 
-def _responses_items(w: AnswerWriter, c: Completion) -> list[dict[str, Any]]:
+def _responses_items(w: Writer, c: Completion) -> list[dict[str, Any]]:
     # Item ids derive from the answer id, so the head, the stream and a retry agree.
     items: list[dict[str, Any]] = []
     if c.content:
@@ -208,23 +217,23 @@ def _responses_items(w: AnswerWriter, c: Completion) -> list[dict[str, Any]]:
     return items
 
 
-def _responses_whole(w: AnswerWriter, c: Completion, usage: Usage) -> Any:
+def _responses_whole(w: Writer, c: Completion, usage: Usage) -> Any:
     status, reason = _responses_status(c)
     return _response(w, status, _responses_items(w, c), _responses_usage(usage), reason)
 
 
-def _responses_head(w: AnswerWriter) -> list[Event]:
+def _responses_head(w: Writer) -> list[Event]:
     return [
         _responses_event(w, {"type": kind, "response": _response(w, "in_progress", [], None)})
         for kind in ("response.created", "response.in_progress")
     ]
 
 
-def _responses_event(w: AnswerWriter, data: dict[str, Any]) -> Event:
+def _responses_event(w: Writer, data: dict[str, Any]) -> Event:
     return data["type"], {**data, "sequence_number": w.next_sequence()}
 
 
-def _responses_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
+def _responses_stream(w: Writer, c: Completion, usage: Usage) -> list[Event]:
     raw: list[dict[str, Any]] = []
     items = _responses_items(w, c)
     for index, item in enumerate(items):
@@ -275,11 +284,11 @@ def _chat_usage(usage: Usage) -> dict[str, int]:
     }
 
 
-def _chat_base(w: AnswerWriter, kind: str) -> dict[str, Any]:
+def _chat_base(w: Writer, kind: str) -> dict[str, Any]:
     return {"id": w.answer_id, "object": kind, "created": w.created, "model": w.request.model}
 
 
-def _chat_whole(w: AnswerWriter, c: Completion, usage: Usage) -> Any:
+def _chat_whole(w: Writer, c: Completion, usage: Usage) -> Any:
     message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
     if c.tool_calls:
         message["tool_calls"] = chat_tool_calls(c.tool_calls)
@@ -287,16 +296,16 @@ def _chat_whole(w: AnswerWriter, c: Completion, usage: Usage) -> Any:
     return {**_chat_base(w, "chat.completion"), "choices": [choice], "usage": _chat_usage(usage)}
 
 
-def _chat_chunk(w: AnswerWriter, delta: dict[str, Any], reason: str | None = None) -> Event:
+def _chat_chunk(w: Writer, delta: dict[str, Any], reason: str | None = None) -> Event:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
     return None, {**_chat_base(w, "chat.completion.chunk"), "choices": [choice]}
 
 
-def _chat_head(w: AnswerWriter) -> list[Event]:
+def _chat_head(w: Writer) -> list[Event]:
     return [_chat_chunk(w, {"role": "assistant", "content": ""})]
 
 
-def _chat_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
+def _chat_stream(w: Writer, c: Completion, usage: Usage) -> list[Event]:
     events: list[Event] = []
     if c.content:
         events.append(_chat_chunk(w, {"content": c.content}))
@@ -321,7 +330,7 @@ def _chat_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
 # -- Gemini ------------------------------------------------------------------------------------
 
 
-def _gemini_chunk(w: AnswerWriter, c: Completion, usage: Usage) -> dict[str, Any]:
+def _gemini_chunk(w: Writer, c: Completion, usage: Usage) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [{"text": c.content}] if c.content else []
     parts += [
         {"functionCall": {"id": t.id, "name": t.name, "args": t.arguments}} for t in c.tool_calls
@@ -343,11 +352,11 @@ def _gemini_chunk(w: AnswerWriter, c: Completion, usage: Usage) -> dict[str, Any
     }
 
 
-def _gemini_head(w: AnswerWriter) -> list[Event]:
+def _gemini_head(w: Writer) -> list[Event]:
     return []  # Gemini streams carry nothing before the content
 
 
-def _gemini_stream(w: AnswerWriter, c: Completion, usage: Usage) -> list[Event]:
+def _gemini_stream(w: Writer, c: Completion, usage: Usage) -> list[Event]:
     return [(None, _gemini_chunk(w, c, usage))]
 
 

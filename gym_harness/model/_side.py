@@ -1,6 +1,6 @@
 """Side calls forwarded upstream: model mode with ``upstream=`` set.
 
-The env then also runs the capture proxy (:class:`~gym_harness.capture.ModelProxy`),
+The env then also runs the capture proxy (:class:`~gym_harness.capture.proxy.ModelProxy`),
 which swaps its per-episode token for the real key, redacts, bounds and records each
 exchange. The endpoint hands a side call's raw request to that proxy over loopback,
 with the proxy's token in place of its own, and relays the answer to the harness as
@@ -12,19 +12,17 @@ is immutable (the caller's thread swaps the endpoint's whole value each episode)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_harness._proxy_http import send_json
-from gym_harness._secrets import swap_credentials
+from gym_harness.capture.http import StreamBroken, send_json
+from gym_harness.capture.secrets import swap_credentials
 from gym_harness.model._exchange import write_whole
 from gym_harness.model.action import Completion
 from gym_harness.model.answer import AnswerWriter, error_body
 
 if TYPE_CHECKING:
-    from gym_harness.model.endpoint import ModelEndpoint
     from gym_harness.model.request import ModelRequest
 
 __all__ = ["MARGIN_S", "SideUpstream", "answer_side", "forward"]
@@ -55,36 +53,41 @@ class SideUpstream:
 
 
 async def answer_side(
-    endpoint: ModelEndpoint,
     send: Any,
-    call: tuple[int, ModelRequest, str, float],
+    request: ModelRequest,
     scope: Any,
     body: bytes,
+    *,
+    side: SideUpstream | None,
+    side_answer: str,
+    own_token: str,
+    record: Callable[[Completion | None, int, str], None],
 ) -> None:
-    """Answer a side call of ``endpoint`` (``model_calls="main"``) and record it (side=True).
+    """Answer a side call (``model_calls="main"``) and have it recorded.
 
-    It gets ``side_answer`` at once, or, with ``endpoint.side_upstream`` set, the answer
-    of the upstream (:func:`forward`; the record then has its status and no completion).
+    It gets ``side_answer`` at once, or, with ``side`` set, the answer of the upstream
+    (:func:`forward`; the record then has its status and no completion).
 
     Args:
-        call: ``(seq, request, path, started)`` of the call.
+        send: The ASGI send of the harness's exchange.
+        request: The side call, read.
         scope: The ASGI scope of the harness's request; ``body`` its whole body.
+        side: Where this episode's side calls go, if upstream.
+        side_answer: The fixed answer otherwise.
+        own_token: The endpoint's key (replaced by the proxy's token when forwarded).
+        record: ``record(completion, status, error)`` keeps the call's record, once,
+            before its last byte goes out.
     """
-    seq, request, path, started = call
-    side = endpoint.side_upstream
-    completion = None if side else Completion(content=endpoint.config.side_answer)
-
-    def record(status: int, error: str) -> None:
-        with endpoint._lock:
-            endpoint._record(seq, request, path, True, completion, status, error, started)
-
+    completion = None if side else Completion(content=side_answer)
     if side is None:
         assert completion is not None
-        record(200, "")
+        record(completion, 200, "")
         await write_whole(send, AnswerWriter(request), completion)
         return
-    await forward(send, side, endpoint._token, scope, body, request.api, record)
-    endpoint.last_activity = time.monotonic()  # the harness has its answer
+    await forward(
+        send, side, own_token, scope, body, request.api,
+        lambda status, error: record(None, status, error),
+    )  # fmt: skip
 
 
 async def forward(
@@ -101,8 +104,7 @@ async def forward(
         api: Its wire API (for the shape of an error answer).
         record: Called once with the status the harness gets, and why it failed, if it did.
     """
-    from gym_harness._upstream import UpstreamError, UpstreamPool
-    from gym_harness.capture import _StreamBroken
+    from gym_harness.capture.upstream import UpstreamError, UpstreamPool
 
     method, path = scope["method"], scope["path"]
     query = scope["query_string"].decode("latin-1")
@@ -132,7 +134,7 @@ async def forward(
             await send_json(send, 502, error_body(api, 502, why))
             return
         record(status, why)
-        raise _StreamBroken(why) from exc  # uvicorn closes the harness's connection
+        raise StreamBroken(why) from exc  # uvicorn closes the harness's connection
     finally:
         await pool.aclose()
     record(status, "" if status < 400 else f"the upstream answered {status}")

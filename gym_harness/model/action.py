@@ -28,6 +28,7 @@ __all__ = [
     "Completion",
     "InvalidAction",
     "ToolCall",
+    "assistant_message",
     "chat_tool_calls",
     "new_call_id",
     "parse_action",
@@ -138,6 +139,14 @@ def chat_tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
         }
         for c in calls
     ]
+
+
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """``completion`` as an assistant message in the chat form of the observations."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.content}
+    if completion.tool_calls:
+        message["tool_calls"] = chat_tool_calls(completion.tool_calls)
+    return message
 
 
 def new_call_id(api: str) -> str:

@@ -18,14 +18,19 @@ import bisect
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gym_harness._connections import MAX_CONNECTIONS
+from gym_harness.capture.records import api_of
 from gym_harness.errors import ConfigError
+from gym_harness.loopback.connections import MAX_CONNECTIONS
 from gym_harness.model.action import Completion
 from gym_harness.model.answer import Usage
+
+if TYPE_CHECKING:
+    from gym_harness.model.request import ModelRequest
 
 __all__ = ["CallLog", "EndpointConfig", "ModelCall", "ReplayTable", "retry_keys"]
 
@@ -123,6 +128,36 @@ class ModelCall:
     answered: float
     retries: int = 0
     truncated: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        seq: int,
+        request_id: str,
+        request: ModelRequest | None,
+        path: str,
+        side: bool,
+        completion: Completion | None,
+        status: int,
+        error: str,
+        started: float,
+        retries: int = 0,
+    ) -> ModelCall:
+        """The record of a call that ends now (``request`` is ``None`` if it was not read)."""
+        return cls(
+            seq=seq,
+            request_id=request_id,
+            api=request.api if request else api_of(path),
+            path=path,
+            side=side,
+            observation=request.observation() if request else None,
+            completion=completion,
+            status=status,
+            error=error,
+            started=started,
+            answered=time.time(),
+            retries=retries,
+        )
 
     @property
     def token_ids(self) -> list[int] | None:

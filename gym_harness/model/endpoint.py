@@ -43,13 +43,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gym_harness._connections import CONNECTION_KEY
-from gym_harness._proxy_http import read_body, send_json
-from gym_harness._secrets import swap_credentials
-from gym_harness._served import LoopbackService
-from gym_harness.capture_records import api_of
+from gym_harness.capture.http import read_body, send_json
+from gym_harness.capture.records import api_of
+from gym_harness.capture.secrets import swap_credentials
 from gym_harness.errors import EndpointError
 from gym_harness.lifecycle import Lifecycle
+from gym_harness.loopback.connections import CONNECTION_KEY
+from gym_harness.loopback.service import LoopbackService
 from gym_harness.model._exchange import (
     Exchange,
     PendingCall,
@@ -318,22 +318,15 @@ class ModelEndpoint(LoopbackService):
                 del self._by_key[key]
         completion = answer[0] if answer else None
         status, error = failure if failure else (200, "")
-        self._record(
-            call.seq,
-            call.request,
-            call.path,
-            call.side,
-            completion,
-            status,
-            error,
-            call.started,
+        self._log_call(
+            call.seq, call.request, call.path, call.side, completion, status, error, call.started,
             call.retries,
-        )
+        )  # fmt: skip
         if answer is not None:
             self._replay.put(call.keys, Answered(*answer, call.answer_id, call.created, call.seq))
         self._set_wake()
 
-    def _record(
+    def _log_call(
         self,
         seq: int,
         request: ModelRequest | None,
@@ -345,19 +338,10 @@ class ModelEndpoint(LoopbackService):
         started: float,
         retries: int = 0,
     ) -> None:
-        record = ModelCall(
-            seq=seq,
-            request_id=request.request_id if request else f"{self._ids}{seq}",
-            api=request.api if request else api_of(path),
-            path=path,
-            side=side,
-            observation=request.observation() if request else None,
-            completion=completion,
-            status=status,
-            error=error,
-            started=started,
-            answered=time.time(),
-            retries=retries,
+        """Keep the record of a call that ended (holds the lock)."""
+        request_id = request.request_id if request else f"{self._ids}{seq}"
+        record = ModelCall.of(
+            seq, request_id, request, path, side, completion, status, error, started, retries
         )
         self._log.add(record, weight(request.size if request else 0, completion))
 
@@ -399,7 +383,7 @@ class ModelEndpoint(LoopbackService):
             why += f"{self.config.max_request_bytes} bytes (ModelEndpoint max_request_bytes)"
             with self._lock:
                 self._seq += 1
-                self._record(self._seq, None, path, False, None, 413, why, started)
+                self._log_call(self._seq, None, path, False, None, 413, why, started)
             await send_json(send, 413, error_body(api_of(path), 413, why), close=True)
             return
         seq = self._next_seq()
@@ -416,7 +400,18 @@ class ModelEndpoint(LoopbackService):
             )
             side = False
         if side and self.config.model_calls == "main":
-            await answer_side(self, send, (seq, request, path, started), scope, body)
+            side_upstream = self.side_upstream
+
+            def record(completion: Completion | None, status: int, error: str) -> None:
+                with self._lock:
+                    self._log_call(seq, request, path, True, completion, status, error, started)
+
+            await answer_side(
+                send, request, scope, body, side=side_upstream,
+                side_answer=self.config.side_answer, own_token=self._token, record=record,
+            )  # fmt: skip
+            if side_upstream is not None:
+                self.last_activity = time.monotonic()  # the harness has its answer
             return
         await self._main(send, receive, seq, request, path, side, hdrs, conn)
 
@@ -461,7 +456,7 @@ class ModelEndpoint(LoopbackService):
         if call is None:
             why = f"{self.config.max_pending} model calls already wait for the policy (max_pending)"
             with self._lock:
-                self._record(seq, request, path, side, None, 429, why, time.time())
+                self._log_call(seq, request, path, side, None, 429, why, time.time())
             await send_json(send, 429, error_body(request.api, 429, why))
             return
         await self._serve(call, Exchange(send, request, call, conn), receive)

@@ -4,7 +4,7 @@
 body bytes) and returns a :class:`ModelRequest`: the wire facts the answer needs
 (api, model, stream, tool names as the wire spells them) and the observation the
 policy sees (:meth:`ModelRequest.observation`), whose ``messages`` and ``tools`` come
-from :func:`gym_harness.chat_format.exchange_messages` and ``exchange_tools``.
+from :func:`gym_harness.capture.chat_format.exchange_messages` and ``exchange_tools``.
 
 Two request shapes are normalised first, so that the policy sees one tool name per
 tool whatever the wire API:
@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_harness.capture_records import api_of
-from gym_harness.chat_format import exchange_messages, exchange_tools
+from gym_harness.capture.chat_format import exchange_messages, exchange_tools
+from gym_harness.capture.records import api_of
 
 __all__ = ["MAX_REQUEST_BYTES", "ModelRequest", "WireTool", "read_request"]
 

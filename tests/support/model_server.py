@@ -1,6 +1,6 @@
 """A scripted model server for tests: real HTTP on 127.0.0.1, four wire APIs.
 
-It answers what the harness CLIs send (see /work/shared/HARNESSES.md):
+It answers what the harness CLIs pinned in ``.ci/clis-package.json`` send:
 Anthropic Messages (``POST /v1/messages``, SSE or not), OpenAI Responses
 (``POST /v1/responses``, Codex), OpenAI Chat Completions (``POST
 /v1/chat/completions``, OpenCode, Qwen Code, the reference agent) and Gemini

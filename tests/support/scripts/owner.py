@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from gym_harness.config import HarnessConfig, ProcessSpec
-from gym_harness.process import HarnessProcess
+from gym_harness.process.harness_process import HarnessProcess
 from gym_harness.readiness import start_ready
 
 SCRIPT = Path(__file__).with_name("harness.py")

@@ -1,5 +1,0 @@
-"""Imported by the forkserver (``set_forkserver_preload``): forks inherit the server stack."""
-
-from gym_harness._preload import preload_server_stack
-
-preload_server_stack()

@@ -1,0 +1,13 @@
+"""Rollouts: many episodes, one record each, locally, on Ray, or from the command line.
+
+* :mod:`~gym_harness.rollout.local`: ``run_episode``, ``local_rollout`` and the one
+  scheduler (``schedule``) both rollouts use.
+* :mod:`~gym_harness.rollout.ray`: ``ray_rollout`` and ``RayVectorEnv`` (``gym_harness[ray]``).
+* :mod:`~gym_harness.rollout.cli`: the ``gym-harness`` command (``run``, ``rollout``).
+
+The top of the package: it may import the env and anything below; nothing imports it.
+"""
+
+from gym_harness.rollout.local import local_rollout, run_episode
+
+__all__ = ["local_rollout", "run_episode"]

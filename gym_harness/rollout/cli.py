@@ -1,0 +1,345 @@
+"""The ``gym-harness`` command: run one episode, or roll out a task file.
+
+    gym-harness run                       # one episode of gym_harness/Reference-v0
+    gym-harness run --env ID --message "fix the test" --set model=M
+    gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
+    gym-harness rollout TASKS.jsonl --mode model --policy pkg.mod:fn --out OUT.jsonl
+
+Exit status of ``run``: 0 when the episode had no fault (the harness finished, or
+was still running when the messages ran out), 1 when a turn failed (a crash, a
+protocol or harness error, a timeout), 3 when the harness never started
+(``startup_failed``). Bad input (a missing file, bad JSON, an unknown env id or
+option) exits with 2 and one line saying what to fix; Ctrl-C with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import gymnasium
+
+import gym_harness  # noqa: F401  (registers the env ids)
+from gym_harness.capture.chat_format import llm_exchanges
+from gym_harness.env import HarnessEnv
+from gym_harness.errors import ConfigError, HarnessError
+from gym_harness.outcome import Outcome
+from gym_harness.rollout.local import DEFAULT_MAX_STEPS, load_policy, local_rollout
+from gym_harness.tasks import Task, load_tasks
+
+__all__ = ["main"]
+
+DEFAULT_ENV = "gym_harness/Reference-v0"
+
+#: Exit statuses (``gym-harness run``); see the module docstring.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STARTUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_EXIT_HELP = (
+    "exit status of run: 0 the episode had no fault (finished, or still running when the "
+    "messages ran out); 1 a turn failed (harness_crashed, protocol_error, harness_error, "
+    "a timeout ...); 3 the harness never started (startup_failed); 2 bad input; 130 Ctrl-C. "
+    "rollout exits 0 once every record is written (each record has its outcome)."
+)
+#: A VALUE starting with one of these must be JSON (a list, an object, a quoted string).
+_JSON_STARTS = ("[", "{", '"')
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        kwargs = _env_kwargs(args.set)
+        if args.command == "run":
+            return _run(args, kwargs)
+        return _rollout(args, kwargs)
+    except (ConfigError, HarnessError, gymnasium.error.Error, OSError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"gym-harness: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gym-harness",
+        description="Agentic harnesses as Gymnasium environments.",
+        epilog=_EXIT_HELP,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
+    common.add_argument("--seed", type=int, default=0, help="seed of the first reset")
+    common.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env keyword (a HarnessConfig field or harness option); VALUE is JSON, quoted "
+        'for the shell (--set \'command=["python","agent.py"]\'), or a bare word taken '
+        "as a string (--set model=sonnet)",
+    )
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run one episode and print its transcript",
+        description="Run one episode and print its transcript.",
+        epilog=_EXIT_HELP,
+    )
+    run.add_argument("--task", help="task id (default: picked with --seed; none with --message)")
+    run.add_argument(
+        "--message",
+        action="append",
+        default=[],
+        help="a user message (repeat for several turns; default: the task prompt)",
+    )
+    run.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="stop after this many turns (default: one turn per message)",
+    )
+    roll = sub.add_parser(
+        "rollout",
+        parents=[common],
+        help="run N episodes per task to JSONL",
+        description="Run N episodes per task; write one JSON record per episode.",
+        epilog="rollout exits 0 once every record is written (each record has its outcome), "
+        "2 on bad input, 130 on Ctrl-C.",
+    )
+    roll.add_argument(
+        "--max-turns",
+        type=int,
+        default=1,
+        help="turns per episode: the task prompt, then --follow-up (default: %(default)s)",
+    )
+    roll.add_argument("tasks", type=Path, help="tasks JSONL file ({id, prompt, files?, meta?})")
+    roll.add_argument("-n", type=int, default=1, help="episodes per task")
+    roll.add_argument("--out", type=Path, required=True, help="output JSONL, a record an episode")
+    roll.add_argument("--follow-up", default="Continue.", help="message of turns after the first")
+    roll.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="spread the episodes over a Ray cluster at ADDRESS (default: RAY_ADDRESS, "
+        "else a local instance); needs gym_harness[ray]",
+    )
+    roll.add_argument(
+        "--capture",
+        metavar="UPSTREAM",
+        help="record every LLM call through a loopback proxy to this base URL; each record "
+        "gets llm_exchanges (chat messages for TRL / datasets, plus the raw exchange)",
+    )
+    roll.add_argument(
+        "--mode",
+        choices=("turns", "model"),
+        default="turns",
+        help="turns: a step is a user turn; model: a step answers one model call of the "
+        "harness, with --policy (default: %(default)s)",
+    )
+    roll.add_argument(
+        "--policy",
+        metavar="PKG.MOD:FN",
+        help="with --mode model: FN(request dict) -> action str or dict, for each model call",
+    )
+    roll.add_argument(
+        "--max-steps",
+        type=int,
+        default=DEFAULT_MAX_STEPS,
+        help="with --mode model: model calls answered per episode at most (default: %(default)s)",
+    )
+    roll.add_argument("--upstream-key-env", help="variable holding the upstream's API key")
+    roll.add_argument("--logprobs", action="store_true", help="ask the upstream for logprobs")
+    return parser
+
+
+def _env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"--set takes KEY=VALUE, got {pair!r}; for example --set model=sonnet or "
+                """--set 'command=["python","agent.py"]'."""
+            )
+        kwargs[key] = _set_value(key, raw)
+    return kwargs
+
+
+def _set_value(key: str, raw: str) -> Any:
+    """``raw`` as JSON; a bare word that is no JSON (``sonnet``, a URL) is a string."""
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        if not raw.lstrip().startswith(_JSON_STARTS):
+            return raw
+        error = exc if isinstance(exc, json.JSONDecodeError) else None
+        where = f" at column {error.colno} ({error.msg})" if error else ""
+        raise ConfigError(
+            f"--set {key}: {raw!r} is not valid JSON{where}. Write JSON (double quotes) and "
+            f"quote the whole pair for the shell, e.g. --set {_shell_example(key, raw)}."
+        ) from exc
+
+
+def _shell_example(key: str, raw: str) -> str:
+    """``KEY=VALUE`` as JSON, quoted for a POSIX shell (a Python literal is converted)."""
+    try:
+        value = ast.literal_eval(raw)
+        text = json.dumps(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        text = '["python", "agent.py"]' if raw.lstrip().startswith("[") else '{"key": "value"}'
+        if raw.lstrip().startswith('"'):
+            text = '"text"'
+    return shlex.quote(f"{key}={text}")
+
+
+def _make(env_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[str, str]:
+    return gymnasium.make(env_id, **kwargs)
+
+
+def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    env = _make(args.env, kwargs)
+    messages = list(args.message)
+    try:
+        options: dict[str, Any] | None = None
+        if args.task:
+            options = {"task_id": args.task}
+        elif messages:
+            # Your own messages, not a demo task's: no task header, no score against one.
+            options = {"task": {"id": "message", "prompt": messages[0]}}
+        prompt, _ = env.reset(seed=args.seed, options=options)
+        messages = messages or ([prompt] if prompt else ["Hello!"])
+        if args.max_turns is not None:
+            messages = messages[: args.max_turns]
+        for message in messages:
+            _, _, terminated, truncated, _ = env.step(message)
+            if terminated or truncated:
+                break
+        trajectory = HarnessEnv.of(env).trajectory
+        sys.stdout.write(trajectory.transcript())
+        outcome, status = _run_outcome(trajectory.outcome, len(trajectory.turns))
+        print(f"outcome: {outcome}   reward: {trajectory.total_reward:g}")
+    finally:
+        env.close()
+    return status
+
+
+def _run_outcome(outcome: str, turns: int) -> tuple[str, int]:
+    """The outcome line's text and the exit status of ``run``."""
+    if outcome == "running":  # the messages ran out, not the harness
+        plural = "s" if turns != 1 else ""
+        return f"ok (the episode was still running after {turns} turn{plural})", EXIT_OK
+    if outcome in ("done", "truncated"):
+        return outcome, EXIT_OK
+    if outcome == Outcome.STARTUP_FAILED:
+        return outcome, EXIT_STARTUP_FAILED
+    return outcome, EXIT_FAILED
+
+
+def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    if args.n < 1:
+        raise ConfigError(f"-n must be at least 1, got {args.n}")
+    tasks = load_tasks(args.tasks)
+    if not tasks:
+        raise ConfigError(f"{args.tasks} holds no tasks")
+    max_turns = args.max_turns
+    if max_turns < 1:
+        raise ConfigError(f"--max-turns must be at least 1, got {max_turns}")
+    if args.capture:
+        kwargs.update(
+            capture=True,
+            upstream=args.capture,
+            upstream_api_key_env=args.upstream_key_env,
+            request_logprobs=args.logprobs,
+        )
+    model = _model_settings(args, kwargs)
+    if args.ray is None:
+        return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, model)
+    from gym_harness.rollout.ray import ray_rollout
+
+    remote = {"address": args.ray or None, **({**model, "policy": args.policy} if model else {})}
+    return _write_rollout(args, kwargs, tasks, max_turns, ray_rollout, remote)
+
+
+def _write_rollout(
+    args: argparse.Namespace,
+    kwargs: dict[str, Any],
+    tasks: Sequence[Task],
+    max_turns: int,
+    rollout: Callable[..., int],
+    options: dict[str, Any],
+) -> int:
+    """Run ``rollout`` (local or Ray) into ``--out``, with a progress line on stderr."""
+    progress = _Progress(len(tasks) * args.n, sys.stderr)
+    try:
+        with args.out.open("w", encoding="utf-8") as out:
+            done = rollout(
+                args.env,
+                kwargs,
+                tasks,
+                n=args.n,
+                seed=args.seed,
+                max_turns=max_turns,
+                follow_up=args.follow_up,
+                out=out,
+                progress=progress.update,
+                on_record=lambda record: _add_exchanges(record, args),
+                **options,
+            )
+    finally:
+        progress.close()
+    print(f"wrote {done} episodes to {args.out}")
+    return 0
+
+
+def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
+    if args.mode != "model":
+        if args.policy:
+            raise ConfigError("--policy answers model calls: add --mode model")
+        return {}
+    if not args.policy:
+        raise ConfigError("--mode model needs --policy pkg.module:fn (request dict -> action)")
+    if args.max_steps < 1:
+        raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
+    kwargs["mode"] = "model"
+    return {"policy": load_policy(args.policy), "max_steps": args.max_steps}
+
+
+def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.capture:
+        record["llm_exchanges"] = llm_exchanges(record["turns"])
+
+
+class _Progress:
+    """A one-line progress bar on a terminal (a plain line per episode otherwise)."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total, self.stream = total, stream
+        self.started = time.monotonic()
+        self.tty = stream.isatty()
+
+    def update(self, done: int, outcome: str) -> None:
+        width = 30
+        filled = width * done // self.total
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        bar = "#" * filled + "." * (width - filled)
+        line = f"[{bar}] {done}/{self.total} {rate:.2f} ep/s ({outcome})"
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,460 @@
+"""Rollouts: many episodes of a task file, one JSON record each (``gym-harness rollout``).
+
+``run_episode`` runs one episode on an env and returns its record
+(``Trajectory.to_record()``). ``schedule`` runs a rollout's episodes on a bounded
+pool of workers and writes each record as its episode finishes. The local rollout
+(``local_rollout``: harness envs in this process) and the Ray rollout
+(``gym_harness.rollout.ray.ray_rollout``: envs in Ray actors) are this one scheduler with
+two kinds of ``EpisodeWorker``, so both write the same record for the same seed.
+
+Threads: with ``concurrency=1`` the caller's thread runs every episode (in
+task-major order). With more, each worker lives in a thread of its own, which
+makes, uses and closes it; the caller's thread writes the records, in the order
+the episodes finish.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO, cast
+
+import gymnasium
+
+from gym_harness.env import HarnessEnv
+from gym_harness.errors import ConfigError, WorkerLost
+from gym_harness.outcome import Outcome
+from gym_harness.tasks import Task
+from gym_harness.trajectory import Trajectory
+from gym_harness.utils.imports import import_attr
+
+__all__ = [
+    "Episode",
+    "EpisodeWorker",
+    "Policy",
+    "episodes",
+    "load_policy",
+    "local_rollout",
+    "run_episode",
+    "schedule",
+]
+
+#: How long ``schedule`` waits for its worker threads once it stops early (a raise, Ctrl-C).
+JOIN_TIMEOUT_S = 60.0
+#: Model mode: steps (model calls answered) per episode at most, unless told otherwise.
+DEFAULT_MAX_STEPS = 100
+
+#: Model mode: ``policy(request) -> action``; the request is the observation as a dict, the
+#: action a str or a dict (sent as its JSON text). See the README's "You are the model".
+Policy = Callable[[dict[str, Any]], "str | Mapping[str, Any]"]
+
+
+def run_episode(
+    env: gymnasium.Env[str, str],
+    task: dict[str, Any],
+    *,
+    env_id: str,
+    seed: int,
+    index: int,
+    max_turns: int,
+    follow_up: str,
+    policy: Policy | str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> dict[str, Any]:
+    """Run one episode of ``task``: the prompt, then ``follow_up`` until it ends.
+
+    With ``policy`` (an env made with ``mode="model"``), each step's action is instead
+    ``policy(request)`` for the model call the observation holds, until the episode ends
+    (more user turns come from the env's ``user_fn``).
+
+    Args:
+        env: A harness env (``gymnasium.make`` of a gym_harness id, wrappers allowed).
+        task: The task as a dict (``Task.to_dict()``), passed as ``options["task"]``.
+        env_id: The env id written into the record.
+        seed: The seed of the episode's reset.
+        index: Which episode of this task it is (0 .. n-1).
+        max_turns: At most this many turns; the rollout then stops the episode.
+        follow_up: The message of every turn after the first.
+        policy: Model mode: ``policy(request: dict) -> str | dict`` (a dict is sent as
+            its JSON text), or its import string ``"pkg.module:fn"``.
+        max_steps: Model mode: at most this many steps (model calls answered).
+
+    Returns:
+        The rollout record (``Trajectory.to_record()``). ``outcome`` is
+        ``"max_turns"`` when the rollout, not the harness, ended the episode.
+
+    Raises:
+        ConfigError: ``policy`` cannot be imported or is not callable.
+        TypeError: ``policy`` returned neither a str nor a dict.
+    """
+    started = time.monotonic()
+    prompt, _ = env.reset(seed=seed, options={"task": task})
+    if policy is not None:
+        _answer_calls(env, prompt, load_policy(policy), max_steps)
+    else:
+        message = prompt
+        for _ in range(max_turns):
+            _, _, terminated, truncated, _ = env.step(message)
+            if terminated or truncated:
+                break
+            message = follow_up
+    return HarnessEnv.of(env).trajectory.to_record(
+        env_id=env_id, index=index, seed=seed, total_s=time.monotonic() - started
+    )
+
+
+def load_policy(policy: Policy | str) -> Policy:
+    """``policy`` itself, or the callable its import string ``"pkg.module:fn"`` names.
+
+    Raises:
+        ConfigError: The import fails, or what it names is not callable.
+    """
+    found = import_attr(policy, "policy") if isinstance(policy, str) else policy
+    if not callable(found):
+        raise ConfigError(f"policy must be a callable or an import string, got {found!r}.")
+    return cast(Policy, found)
+
+
+def _answer_calls(env: gymnasium.Env[str, str], obs: str, policy: Policy, max_steps: int) -> None:
+    """Model mode: answer each model call with ``policy`` until the episode ends."""
+    for _ in range(max_steps):
+        try:
+            request = json.loads(obs)
+        except ValueError:
+            request = None
+        if isinstance(request, dict) and request.get("request_id"):
+            action = policy(request)
+            if isinstance(action, Mapping):
+                action = json.dumps(action)
+            if not isinstance(action, str):
+                raise TypeError(f"policy must return a str or a dict, got {type(action)!r}.")
+        else:  # no model call (the harness did not start): the step records why
+            action = ""
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            return
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode of a rollout.
+
+    Args:
+        number: Its place in the rollout, task-major, from 0.
+        task: Its task.
+        index: Which episode of its task it is (0 .. n-1; the record's ``episode_index``).
+        seed: The seed of its reset.
+    """
+
+    number: int
+    task: Task
+    index: int
+    seed: int
+
+
+def episodes(tasks: Sequence[Task], n: int, seed: int) -> list[Episode]:
+    """``n`` episodes of every task, task-major; episode ``j`` gets seed ``seed + j``."""
+    pairs = [(task, k) for task in tasks for k in range(n)]
+    return [Episode(j, task, k, seed + j) for j, (task, k) in enumerate(pairs)]
+
+
+class EpisodeWorker(Protocol):
+    """Runs episodes one at a time: an env in this process, a Ray actor ...
+
+    ``schedule`` makes, uses and closes each worker in one thread; only ``abort``
+    comes from another.
+    """
+
+    def run(self, episode: Episode) -> dict[str, Any]:
+        """Run ``episode`` and return its record (``Trajectory.to_record()``).
+
+        Raises:
+            WorkerLost: The worker died; the episode is recorded as ``worker_lost``
+                and a new worker takes the next one.
+        """
+        ...
+
+    def abort(self) -> None:
+        """Stop a ``run`` under way, from another thread (may do nothing; never raises)."""
+        ...
+
+    def close(self) -> None:
+        """End the worker and what it holds. Never raises."""
+        ...
+
+
+def schedule(
+    plan: Sequence[Episode],
+    new_worker: Callable[[], EpisodeWorker],
+    *,
+    env_id: str,
+    out: TextIO,
+    concurrency: int = 1,
+    progress: Callable[[int, str], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Run every episode of ``plan`` on at most ``concurrency`` workers; write JSON lines.
+
+    Each record is passed to ``on_record``, written to ``out`` as one line (flushed),
+    then counted in ``progress``, in the order the episodes finish (``plan``'s order
+    with one worker). An episode whose worker is lost (``WorkerLost``) is written as
+    a record with ``outcome`` and ``error_type`` ``"worker_lost"`` and no turns, and
+    the worker is replaced. Any other exception stops the rollout: no new episode
+    starts, every worker is aborted and closed, and the exception is raised here.
+
+    Args:
+        plan: The episodes (see ``episodes``).
+        new_worker: Makes a worker; called in the thread that will use it.
+        env_id: The env id of the records (a lost episode's record needs it).
+        out: Where the JSON lines go.
+        concurrency: Workers at most (one thread each when more than one).
+        progress: Called with (episodes written, outcome) after each.
+        on_record: Called with each record before it is written (it may add keys).
+
+    Returns:
+        How many records were written.
+
+    Raises:
+        ConfigError: ``concurrency`` is below 1.
+    """
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be at least 1, got {concurrency}.")
+    written = 0
+
+    def write(record: dict[str, Any]) -> None:
+        nonlocal written
+        if on_record is not None:
+            on_record(record)
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+        written += 1
+        if progress is not None:
+            progress(written, str(record["outcome"]))
+
+    if concurrency == 1 or len(plan) <= 1:
+        _in_turn(plan, new_worker, env_id, write)
+    else:
+        _Threads(plan, new_worker, env_id, min(concurrency, len(plan))).run(write)
+    return written
+
+
+def _in_turn(
+    plan: Sequence[Episode],
+    new_worker: Callable[[], EpisodeWorker],
+    env_id: str,
+    write: Callable[[dict[str, Any]], None],
+) -> None:
+    """Every episode in the caller's thread, one worker at a time."""
+    worker: EpisodeWorker | None = None
+    try:
+        for episode in plan:
+            if worker is None:
+                worker = new_worker()
+            record, worker = _run(worker, episode, env_id)
+            write(record)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _run(
+    worker: EpisodeWorker, episode: Episode, env_id: str
+) -> tuple[dict[str, Any], EpisodeWorker | None]:
+    """The episode's record, and the worker if it is still usable (closed if not)."""
+    try:
+        return worker.run(episode), worker
+    except WorkerLost as exc:
+        worker.close()
+        return _lost_record(episode, env_id, str(exc)), None
+
+
+def _lost_record(episode: Episode, env_id: str, error: str) -> dict[str, Any]:
+    """The record of an episode whose worker died: the usual keys, no turns."""
+    trajectory = Trajectory(episode_id="", harness="", task=episode.task.to_dict())
+    return trajectory.to_record(
+        env_id=env_id,
+        index=episode.index,
+        seed=episode.seed,
+        total_s=0.0,
+        fault=Outcome.WORKER_LOST,
+        error=error,
+    )
+
+
+_DONE = object()  # a worker thread's last message
+
+
+class _Threads:
+    """``size`` worker threads taking episodes from one plan; results to the caller."""
+
+    def __init__(
+        self,
+        plan: Sequence[Episode],
+        new_worker: Callable[[], EpisodeWorker],
+        env_id: str,
+        size: int,
+    ) -> None:
+        self.todo = iter(plan)
+        self.new_worker, self.env_id, self.size = new_worker, env_id, size
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.live: list[EpisodeWorker | None] = [None] * size  # for abort, under lock
+        # Bounded: a worker waits for the caller to write its last record before the next.
+        self.results: queue.Queue[Any] = queue.Queue(maxsize=size)
+
+    def run(self, write: Callable[[dict[str, Any]], None]) -> None:
+        threads = [
+            threading.Thread(target=self._work, args=(slot,), name=f"rollout-{slot}", daemon=True)
+            for slot in range(self.size)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            running = self.size
+            while running:
+                try:
+                    item = self.results.get(timeout=1.0)
+                except queue.Empty:
+                    if any(t.is_alive() for t in threads):
+                        continue
+                    break
+                if item is _DONE:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    write(item)
+        finally:
+            self.stop.set()
+            with self.lock:
+                live = [w for w in self.live if w is not None]
+            for worker in live:
+                worker.abort()
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _work(self, slot: int) -> None:
+        worker: EpisodeWorker | None = None
+        try:
+            while not self.stop.is_set():
+                with self.lock:
+                    episode = next(self.todo, None)
+                if episode is None:
+                    break
+                if worker is None:
+                    worker = self.new_worker()
+                    self._hold(slot, worker)
+                record, worker = _run(worker, episode, self.env_id)
+                if worker is None:
+                    self._hold(slot, None)
+                self._put(record)
+        except BaseException as exc:  # the first failure ends the rollout, in the caller
+            self._put(exc)
+        finally:
+            if worker is not None:
+                self._hold(slot, None)
+                worker.close()
+            self._put(_DONE)
+
+    def _hold(self, slot: int, worker: EpisodeWorker | None) -> None:
+        with self.lock:
+            self.live[slot] = worker
+        if worker is not None and self.stop.is_set():
+            worker.abort()  # made while the rollout stopped: the caller did not see it
+
+    def _put(self, item: Any) -> None:
+        while True:
+            try:
+                self.results.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if self.stop.is_set():  # the caller reads no more
+                    return
+
+
+def local_rollout(
+    env_id: str,
+    env_kwargs: Mapping[str, Any],
+    tasks: Sequence[Task],
+    *,
+    n: int,
+    seed: int,
+    max_turns: int,
+    follow_up: str,
+    out: TextIO,
+    progress: Callable[[int, str], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    concurrency: int = 1,
+    policy: Policy | str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> int:
+    """Run ``n`` episodes of every task on envs in this process; write JSONL.
+
+    Episode ``j`` (task-major) gets seed ``seed + j`` whatever the concurrency.
+
+    Args:
+        env_id: The gymnasium id of the envs (``gymnasium.make``).
+        env_kwargs: Its ``gymnasium.make`` keywords.
+        tasks: The tasks.
+        n: Episodes per task.
+        seed: Seed of the first episode.
+        max_turns: Turns per episode at most.
+        follow_up: The message of every turn after the first.
+        out: Where the JSON lines go (flushed after each).
+        progress: Called with (episodes written, outcome) after each.
+        on_record: Called with each record before it is written (it may add keys).
+        concurrency: Envs running at once (one thread each when more than one).
+        policy: Model mode (``env_kwargs`` with ``mode="model"``): answers each model
+            call (see ``run_episode``); an import string is imported here, once.
+        max_steps: Model mode: steps per episode at most.
+
+    Returns:
+        How many records were written.
+    """
+    settings: dict[str, Any] = {"max_turns": max_turns, "follow_up": follow_up}
+    if policy is not None:
+        settings.update(policy=load_policy(policy), max_steps=max_steps)
+
+    def new_worker() -> EpisodeWorker:
+        return _LocalWorker(env_id, env_kwargs, settings)
+
+    plan = episodes(tasks, n, seed)
+    return schedule(
+        plan,
+        new_worker,
+        env_id=env_id,
+        out=out,
+        concurrency=concurrency,
+        progress=progress,
+        on_record=on_record,
+    )
+
+
+class _LocalWorker:
+    """An ``EpisodeWorker`` over one env of this process."""
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], settings: dict[str, Any]):
+        self.env: gymnasium.Env[str, str] = gymnasium.make(env_id, **env_kwargs)
+        self.env_id, self.settings = env_id, settings
+
+    def run(self, episode: Episode) -> dict[str, Any]:
+        task = episode.task.to_dict()
+        return run_episode(
+            self.env,
+            task,
+            env_id=self.env_id,
+            seed=episode.seed,
+            index=episode.index,
+            **self.settings,
+        )
+
+    def abort(self) -> None:
+        """Nothing: an env's episode ends by its own timeouts."""
+
+    def close(self) -> None:
+        self.env.close()

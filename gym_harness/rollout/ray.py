@@ -1,0 +1,499 @@
+"""Harness envs on a Ray cluster (the optional extra ``gym_harness[ray]``).
+
+``RayVectorEnv`` is a ``gymnasium.vector.VectorEnv`` whose sub-envs live in Ray
+actors placed anywhere in the cluster; ``ray_rollout`` is what
+``gym-harness rollout --ray [ADDRESS]`` runs: the same records as the local
+rollout, spread over a pool of actors.
+
+Each actor holds one harness env, so its harness processes run on the actor's
+node: the harness CLIs (and gym_harness itself) must be installed on every node.
+An actor that dies (its node lost, ``ray.kill``, an out-of-memory kill) is an
+outcome, not an exception: its step reports ``terminated`` with
+``info["error_type"] == "worker_lost"``, and a fresh actor replaces it at the
+next reset. The harness of a killed actor dies with it (parent-death signal and
+keeper, as for any owner of a ``HarnessProcess``).
+
+Large inputs go through the object store: ``ray.put`` stores the env keywords
+and each task once in the driver's node, and the actors get only ``ObjectRef``s.
+Ray resolves a ref passed as a call argument by pulling the object into the
+local node's store once; every later call on that node that names the same ref
+reads the local copy. So a task with megabytes of workspace files crosses the
+network once per node, not once per episode, and it does not come back either:
+the actor drops ``task`` from the record and the driver puts its own copy in.
+
+Threads: one caller thread drives a ``RayVectorEnv`` (as for gymnasium's vector
+envs); the actors run their envs in their own processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from gym_harness.env import HarnessEnv
+from gym_harness.errors import ConfigError, HarnessError, WorkerLost
+from gym_harness.outcome import Outcome
+from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, run_episode, schedule
+from gym_harness.tasks import Task
+from gym_harness.trajectory import StepInfo
+
+__all__ = ["RayVectorEnv", "connect", "ray_rollout"]
+
+#: Ray actor options of one sub-env unless ``resources_per_env`` says otherwise:
+#: a CPU each (a harness CLI is a busy process), spread over the nodes.
+DEFAULT_RESOURCES: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
+WORKER_LOST = Outcome.WORKER_LOST
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "gym_harness.rollout.ray needs Ray: pip install 'gym_harness[ray]' (on every node)."
+        ) from exc
+    return ray
+
+
+def connect(address: str | None = None) -> bool:
+    """Connect this process to Ray unless it already is.
+
+    Args:
+        address: A cluster's address (``"auto"``, ``"HOST:6379"``,
+            ``"ray://HOST:10001"``). ``None``: ``RAY_ADDRESS`` if set, else start
+            a local instance bound to 127.0.0.1.
+
+    Returns:
+        True if this call connected (the caller then owns ``ray.shutdown()``).
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or None)
+    else:  # a private local instance: nothing of it listens beyond loopback
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    return True
+
+
+class _EnvWorker:
+    """One harness env inside a Ray actor (driven by ``RayVectorEnv``/``ray_rollout``)."""
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+        import gym_harness  # noqa: F401  (registers the env ids in this worker)
+
+        self.env: gymnasium.Env[Any, Any] | None = None
+        self.error = ""
+        try:
+            self.env = gymnasium.make(env_id, **env_kwargs)
+        except Exception as exc:  # reported by ready(), so the driver raises a ConfigError
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def ready(self) -> tuple[str, Any, Any]:
+        if self.env is None:
+            return self.error, None, None
+        return "", self.env.observation_space, self.env.action_space
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict]:
+        assert self.env is not None
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        assert self.env is not None
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def episode(self, task: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        assert self.env is not None
+        record = run_episode(self.env, task, **kwargs)
+        record["task"] = None  # the driver has it: large task files never travel back
+        return record
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        proc = None if self.env is None else HarnessEnv.of(self.env).process
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "harness_pid": None if proc is None or proc.returncode is not None else proc.pid,
+        }
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+
+
+class _Pool:
+    """Creates, replaces and ends the actors of one driver."""
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], resources: Mapping[str, Any]):
+        self.ray = _ray()
+        self.env_id = env_id
+        self.kwargs_ref = self.ray.put(dict(env_kwargs))  # shipped once per node
+        self.actor_class = self.ray.remote(_EnvWorker).options(**resources)
+
+    def new(self) -> Any:
+        return self.actor_class.remote(self.env_id, self.kwargs_ref)
+
+    def check(self, actor: Any, timeout_s: float) -> tuple[Any, Any]:
+        """Wait for ``actor`` to be up; return its spaces or raise ``ConfigError``."""
+        try:
+            error, obs_space, act_space = self.ray.get(actor.ready.remote(), timeout=timeout_s)
+        except self.ray.exceptions.GetTimeoutError as exc:
+            raise ConfigError(
+                f"No Ray worker for {self.env_id} started within {timeout_s:g} s: does the "
+                f"cluster have the resources asked per env? It has {self.ray.cluster_resources()}."
+            ) from exc
+        if error:
+            raise ConfigError(f"Cannot make {self.env_id} on a Ray worker: {error}")
+        return obs_space, act_space
+
+    def end(self, actors: Sequence[Any], grace_s: float = 30.0) -> None:
+        """Close every env (harness stopped, workspace removed), then kill the actors."""
+        refs = []
+        for actor in actors:
+            try:
+                refs.append(actor.close.remote())
+            except self.ray.exceptions.RayError:
+                continue
+        with contextlib.suppress(self.ray.exceptions.RayError):  # dead ones: killed below
+            self.ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+        for actor in actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except self.ray.exceptions.RayError:
+                continue
+
+
+class RayVectorEnv(VectorEnv):
+    """A vector env whose sub-envs are Ray actors, stepped concurrently.
+
+    Same spaces, next-step autoreset and info stacking as gymnasium's own
+    vector envs. A sub-env whose actor dies reports a terminated step with
+    ``info["error_type"] == "worker_lost"`` and gets a new actor at its reset.
+
+    Args:
+        env_id: A gymnasium id, made in each actor with ``gymnasium.make`` (the
+            gym_harness ids, or ``"pkg.module:Id-v0"`` for ids a module registers).
+        num_envs: How many sub-envs (one actor each).
+        env_kwargs: Keywords of ``gymnasium.make`` (``HarnessEnv`` options).
+        resources_per_env: Ray actor options of each sub-env (``num_cpus``,
+            ``num_gpus``, ``memory``, ``resources={"harness": 1}``,
+            ``scheduling_strategy``...). Default: one CPU, spread over the nodes.
+        address: The cluster to connect to when Ray is not initialized yet
+            (``None``: ``RAY_ADDRESS``, else a local instance on 127.0.0.1).
+        timeout_s: The longest one reset or step of a sub-env may take (actor
+            placement included); past it the actor is killed and reported lost.
+
+    Raises:
+        ConfigError: Ray is not installed, the env cannot be made on a worker,
+            or no actor could be placed within ``timeout_s``.
+
+    Example:
+        >>> envs = RayVectorEnv("gym_harness/Reference-v0", 4)  # doctest: +SKIP
+        >>> obs, infos = envs.reset(seed=0)  # doctest: +SKIP
+        >>> obs, rewards, terminated, truncated, infos = envs.step(obs)  # doctest: +SKIP
+        >>> envs.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        resources_per_env: Mapping[str, Any] | None = None,
+        address: str | None = None,
+        timeout_s: float = 3600.0,
+    ) -> None:
+        if num_envs < 1:
+            raise ConfigError(f"num_envs must be at least 1, got {num_envs}.")
+        connect(address)
+        self.num_envs = num_envs
+        self.timeout_s = timeout_s
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        resources = DEFAULT_RESOURCES if resources_per_env is None else resources_per_env
+        self._pool = _Pool(env_id, env_kwargs or {}, resources)
+        self.actors: list[Any] = [self._pool.new() for _ in range(num_envs)]
+        try:
+            spaces = self._pool.check(self.actors[0], timeout_s)
+        except BaseException:
+            self._pool.end(self.actors, grace_s=5.0)
+            raise
+        self.single_observation_space, self.single_action_space = spaces
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._observations: Any = create_empty_array(
+            self.single_observation_space, num_envs, np.zeros
+        )
+        self._lost = np.zeros(num_envs, dtype=np.bool_)
+        self._autoreset_envs = np.zeros(num_envs, dtype=np.bool_)
+        self._last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+        self._lost_error = [""] * num_envs
+
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every sub-env (or those of ``options["reset_mask"]``), concurrently.
+
+        Args:
+            seed: ``None``, an int (``seed + i`` for sub-env ``i``) or one per sub-env.
+            options: Passed to each sub-env's reset; ``reset_mask`` as in gymnasium.
+
+        Returns:
+            The batched observations and the stacked infos.
+
+        Raises:
+            HarnessError: A sub-env's fresh actor was lost too while resetting.
+        """
+        seeds = _seeds(seed, self.num_envs)
+        options = dict(options or {})
+        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=np.bool_)))
+        wanted = [i for i in range(self.num_envs) if mask[i]]
+        calls = {i: self._submit_reset(i, seeds[i], options or None) for i in wanted}
+        infos: dict[str, Any] = {}
+        obs = list(self._observations)
+        for i, ref in calls.items():
+            result = self._get(i, ref)
+            if result is None:  # lost on the way: one more fresh actor, then give up
+                result = self._get(i, self._submit_reset(i, seeds[i], options or None))
+            if result is None:
+                raise HarnessError(
+                    f"sub-env {i}: its Ray actor died twice while resetting "
+                    f"({self._lost_error[i]}); check the nodes' health and memory."
+                )
+            obs[i], info = result
+            self._last_info[i] = info
+            infos = self._add_info(infos, info, i)
+        self._autoreset_envs[wanted] = False
+        self._observations = concatenate(self.single_observation_space, obs, self._observations)
+        return self._observations, infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every sub-env concurrently (autoresetting those whose episode ended).
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos)``, batched.
+        """
+        calls = []
+        for i, action in enumerate(iterate(self.action_space, actions)):
+            if self._autoreset_envs[i]:
+                calls.append((True, self._submit_reset(i, None, None)))
+            else:
+                calls.append((False, self.actors[i].step.remote(action)))
+        obs, infos = list(self._observations), dict[str, Any]()
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminations = np.zeros(self.num_envs, dtype=np.bool_)
+        truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        for i, (is_reset, ref) in enumerate(calls):
+            result = self._get(i, ref)
+            if result is None:
+                obs[i], info, terminations[i] = "", self._lost_info(i), True
+            elif is_reset:
+                obs[i], info = result
+            else:
+                obs[i], rewards[i], terminations[i], truncations[i], info = result
+            self._last_info[i] = info
+            infos = self._add_info(infos, info, i)
+        self._observations = concatenate(self.single_observation_space, obs, self._observations)
+        self._autoreset_envs = np.logical_or(terminations, truncations)
+        return self._observations, rewards, terminations, truncations, infos
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Where each sub-env runs: ``node_id``, actor ``pid``, ``harness_pid`` (or None)."""
+        ray = self._pool.ray
+        return list(ray.get([a.describe.remote() for a in self.actors], timeout=self.timeout_s))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """End every env (its harness and workspace) and every actor; never raises."""
+        self._pool.end(self.actors)
+
+    # ----------------------------------------------------------------- internals
+
+    def _submit_reset(self, i: int, seed: int | None, options: dict[str, Any] | None) -> Any:
+        if self._lost[i]:
+            self.actors[i] = self._pool.new()
+            self._lost[i] = False
+        return self.actors[i].reset.remote(seed, options)
+
+    def _get(self, i: int, ref: Any) -> Any:
+        """The call's result, or None when sub-env ``i``'s actor is lost (then killed)."""
+        ray = self._pool.ray
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            self._lost[i] = True
+            self._lost_error[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.kill(self.actors[i], no_restart=True)
+            return None
+
+    def _lost_info(self, i: int) -> dict[str, Any]:
+        last = self._last_info[i]
+        lost: StepInfo = {
+            "turn": int(last.get("turn", 0)) + 1,
+            "error_type": WORKER_LOST.value,
+            "error": self._lost_error[i],
+            "events": [],
+            "tool_calls": 0,
+            "elapsed_s": 0.0,
+            "exit_code": -1,  # unknown: the harness died with its actor
+            "stderr_tail": "",
+            "episode_id": str(last.get("episode_id", "")),
+            "task_id": str(last.get("task_id", "")),
+        }
+        return {**last, **lost}  # a wrapper's own keys stay, as on the steps before
+
+
+def _seeds(seed: int | list[int | None] | None, n: int) -> list[int | None]:
+    if seed is None:
+        return [None] * n
+    if isinstance(seed, int):
+        return [seed + i for i in range(n)]
+    if len(seed) != n:
+        raise ValueError(f"seed must be None, an int, or a list of {n} seeds; got {seed!r}.")
+    return list(seed)
+
+
+def ray_rollout(
+    env_id: str,
+    env_kwargs: Mapping[str, Any],
+    tasks: Sequence[Task],
+    *,
+    n: int,
+    seed: int,
+    max_turns: int,
+    follow_up: str,
+    out: TextIO,
+    progress: Callable[[int, str], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    address: str | None = None,
+    num_workers: int | None = None,
+    resources_per_env: Mapping[str, Any] | None = None,
+    timeout_s: float = 3600.0,
+    policy: Callable[..., Any] | str | None = None,
+    max_steps: int = 100,
+) -> int:
+    """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
+
+    The local rollout's scheduler (``gym_harness.rollout.local.schedule``) with one Ray
+    actor per worker. Episode ``j`` (task-major order, as the local rollout counts)
+    gets seed ``seed + j``, so each record equals the local rollout's for the same
+    seed except timings and ids. Records are written as episodes finish (not in
+    order; ``task_id`` and ``episode_index`` say which is which). An episode whose
+    actor dies is written with ``outcome`` and ``error_type`` ``"worker_lost"``.
+
+    Args:
+        env_id: The gymnasium id each actor makes.
+        env_kwargs: Its ``gymnasium.make`` keywords.
+        tasks: The tasks; each travels to a node once (``ray.put``).
+        n: Episodes per task.
+        seed: Seed of the first episode.
+        max_turns: Turns per episode at most.
+        follow_up: The message of every turn after the first.
+        out: Where the JSON lines go (flushed after each).
+        progress: Called with (episodes done, outcome) after each.
+        on_record: Called with each record before it is written (it may add keys).
+        address: The cluster (see ``connect``); Ray started here is shut down at the end.
+        num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
+        resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
+        timeout_s: The longest one episode may take before its actor is killed.
+        policy, max_steps: Model mode, as for ``run_episode`` (each actor runs the policy).
+
+    Returns:
+        How many records were written.
+
+    Raises:
+        ConfigError: Ray is missing, or the env cannot be made on a worker.
+    """
+    plan = episodes(tasks, n, seed)
+    if not plan:
+        return 0
+    owned = connect(address)
+    ray = _ray()
+    spare: list[Any] = []
+    pool: _Pool | None = None
+    try:
+        resources = DEFAULT_RESOURCES if resources_per_env is None else resources_per_env
+        pool = _Pool(env_id, env_kwargs, resources)
+        spare.append(pool.new())
+        pool.check(spare[0], timeout_s)
+        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up)
+        if policy is not None:
+            settings.update(policy=policy, max_steps=max_steps)
+        mission = _Mission(pool, tasks, settings, timeout_s)
+
+        def new_worker() -> EpisodeWorker:
+            try:
+                actor = spare.pop()  # the checked one first
+            except IndexError:
+                actor = mission.pool.new()
+            return _RayEpisodes(mission, actor)
+
+        size = num_workers or int(ray.cluster_resources().get("CPU", 1))
+        return schedule(
+            plan,
+            new_worker,
+            env_id=env_id,
+            out=out,
+            concurrency=max(1, size),
+            progress=progress,
+            on_record=on_record,
+        )
+    finally:
+        if pool is not None:
+            pool.end(spare)
+        if owned:
+            ray.shutdown()
+
+
+class _Mission:
+    """What every actor of one Ray rollout shares: the pool, the tasks, the settings."""
+
+    def __init__(
+        self, pool: _Pool, tasks: Sequence[Task], settings: dict[str, Any], timeout_s: float
+    ) -> None:
+        self.pool, self.settings, self.timeout_s = pool, settings, timeout_s
+        self.tasks = {task.id: task.to_dict() for task in tasks}  # ids are unique
+        self.refs = {task_id: pool.ray.put(task) for task_id, task in self.tasks.items()}
+
+
+class _RayEpisodes:
+    """An ``EpisodeWorker`` over one Ray actor; its calls run in the driver."""
+
+    def __init__(self, mission: _Mission, actor: Any) -> None:
+        self.mission, self.actor = mission, actor
+        self.lost = False
+
+    def run(self, episode: Episode) -> dict[str, Any]:
+        mission, ray = self.mission, self.mission.pool.ray
+        task_id = episode.task.id
+        ref = self.actor.episode.remote(
+            mission.refs[task_id], seed=episode.seed, index=episode.index, **mission.settings
+        )
+        try:
+            record: dict[str, Any] = ray.get(ref, timeout=mission.timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            self.lost = True
+            raise WorkerLost(f"no result within {mission.timeout_s:g} s") from exc
+        except ray.exceptions.RayActorError as exc:
+            self.lost = True
+            raise WorkerLost(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        record["task"] = mission.tasks[task_id]  # the actor sent none back
+        return record
+
+    def abort(self) -> None:
+        ray = self.mission.pool.ray
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.kill(self.actor, no_restart=True)
+
+    def close(self) -> None:
+        self.mission.pool.end([self.actor], grace_s=0.0 if self.lost else 30.0)

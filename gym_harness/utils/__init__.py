@@ -1,0 +1,9 @@
+"""Small helpers every part may use.
+
+* :mod:`~gym_harness.utils.bounded_json`: the one bounded JSON parser (depth, size,
+  integer digits) for harness output and captured bodies.
+* :mod:`~gym_harness.utils.lines`: splitting a byte stream into bounded lines.
+* :mod:`~gym_harness.utils.imports`: import strings (``"package.module:attr"``).
+
+Imports only ``errors``; every other part may import it, it imports no part.
+"""

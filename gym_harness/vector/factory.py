@@ -1,0 +1,89 @@
+"""Vector envs over harnesses: gymnasium's AsyncVectorEnv, set up for text.
+
+``gymnasium.make_vec(id, num_envs=N)`` uses this as the registered
+``vector_entry_point``: one worker process per env, ``shared_memory=False``
+(gymnasium's shared-memory buffers cannot carry unbounded text observations).
+
+The bridge's server stack (fastmcp, mcp, uvicorn, starlette) is imported once
+before the workers start, not in each: in the parent when workers fork (the
+Linux default), in the forkserver when that is the start method. Forked workers
+share those pages copy-on-write. Spawned workers (``context="spawn"``) import it
+themselves, each on its first reset.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import warnings
+from typing import Any
+
+import gymnasium
+from gymnasium.vector import AsyncVectorEnv
+
+__all__ = ["make_vector_env"]
+
+_FORKSERVER_PRELOAD = "gym_harness.vector.forkserver_preload"
+
+
+def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
+    from gym_harness.env import HarnessEnv
+
+    env: gymnasium.Env[Any, Any] = HarnessEnv(**env_kwargs)
+    if max_episode_steps is not None:
+        env = gymnasium.wrappers.TimeLimit(env, max_episode_steps)
+    return env
+
+
+def make_vector_env(
+    num_envs: int = 1,
+    *,
+    max_episode_steps: int | None = None,
+    context: str | None = None,
+    **env_kwargs: Any,
+) -> AsyncVectorEnv:
+    """Build an ``AsyncVectorEnv`` of ``num_envs`` ``HarnessEnv``s.
+
+    Args:
+        num_envs: How many sub-envs (one worker process each).
+        max_episode_steps: Truncate episodes after this many turns.
+        context: The multiprocessing start method (``"spawn"``, ``"forkserver"``, ...).
+        **env_kwargs: Passed to every ``HarnessEnv``.
+
+    Returns:
+        The vector env (``shared_memory=False``, next-step autoreset).
+
+    Example:
+        >>> envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=4)  # doctest: +SKIP
+    """
+    _preload_for(context)
+    make = functools.partial(_make_one, env_kwargs, max_episode_steps)
+    return AsyncVectorEnv([make] * num_envs, shared_memory=False, context=context)
+
+
+def _preload_for(context: str | None) -> None:
+    """Import the server stack where the workers will inherit it (see the module doc)."""
+    method = context or multiprocessing.get_start_method()
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        # Added to the modules already asked for (``["__main__"]`` by default). Read when
+        # the forkserver starts: one already running keeps what it has.
+        server = getattr(forkserver, "_forkserver", None)
+        modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
+        if _FORKSERVER_PRELOAD not in modules:
+            modules.append(_FORKSERVER_PRELOAD)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+    elif method == "fork":
+        from gym_harness.errors import HarnessError
+        from gym_harness.vector.preload import preload_server_stack
+
+        try:
+            preload_server_stack()
+        except (HarnessError, ImportError) as exc:
+            warnings.warn(
+                f"could not preload the MCP server stack ({exc}); each vector worker will "
+                "import it on its first reset, which is slower and uses more memory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
