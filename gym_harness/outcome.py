@@ -27,12 +27,14 @@ class Outcome(StrEnum):
     STARTUP_FAILED = "startup_failed"
     BRIDGE_FAILED = "bridge_failed"
     REWARD_ERROR = "reward_error"
+    USER_FN_ERROR = "user_fn_error"
     INVALID_ACTION = "invalid_action"
     WORKER_LOST = "worker_lost"
     TURN_TIMEOUT = "turn_timeout"
     IDLE_TIMEOUT = "idle_timeout"
     EPISODE_TIMEOUT = "episode_timeout"
     REWARD_TIMEOUT = "reward_timeout"
+    POLICY_TIMEOUT = "policy_timeout"
 
     @property
     def truncates(self) -> bool:
@@ -46,5 +48,11 @@ class Outcome(StrEnum):
 
 
 _TRUNCATING = frozenset(
-    {Outcome.TURN_TIMEOUT, Outcome.IDLE_TIMEOUT, Outcome.EPISODE_TIMEOUT, Outcome.REWARD_TIMEOUT}
+    {
+        Outcome.TURN_TIMEOUT,
+        Outcome.IDLE_TIMEOUT,
+        Outcome.EPISODE_TIMEOUT,
+        Outcome.REWARD_TIMEOUT,
+        Outcome.POLICY_TIMEOUT,
+    }
 )
