@@ -5,7 +5,7 @@ Both drive the same echo script (tests/support/scripts/harness.py echo: prints
 within each round, so machine noise hits both alike; prints medians and their ratios.
 
 A HarnessProcess is forked by a keeper process (``gym_harness.process.keeper``). Two
-spawn figures: with the keeper held between harnesses (``hold_keeper``, what an
+spawn figures: with the keeper held between harnesses (``keeper_client.hold``, what an
 env does across resets: the figure of record), and cold (no hold: each harness
 starts its own keeper first, ~one bare Python start-up more).
 
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gym_harness.config import ProcessSpec
-from gym_harness.process.harness_process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.process.harness_process import HarnessProcess
+from gym_harness.process.keeper_client import hold, unhold
 from gym_harness.readiness import start_ready
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "support" / "scripts" / "harness.py"
@@ -98,12 +99,12 @@ def spawn_rounds(runs: int) -> tuple[float, float, float]:
     for _ in range(runs):
         bare.append(spawn_bare())
         cold.append(spawn_ours())  # no hold: the keeper starts with this harness
-        hold_keeper()
+        hold()
         try:
             OurEcho().close()  # untimed: leaves an idle keeper
             held.append(spawn_ours())
         finally:
-            release_keeper()
+            unhold()
     return statistics.median(bare), statistics.median(held), statistics.median(cold)
 
 

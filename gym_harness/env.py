@@ -18,10 +18,10 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsFloat
@@ -36,12 +36,13 @@ from gym_harness.harnesses.base import EpisodeContext, Harness
 from gym_harness.harnesses.registry import make_harness
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
-from gym_harness.process.workspaces import EpisodeDirs
+from gym_harness.process.resources import EnvResources
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
 from gym_harness.usercode import CallbackGuard, RewardRunner, user_callable
+from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
     from gym_harness.bridge.server import MCPBridge
@@ -130,7 +131,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     ) -> None:
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
-        self.harness = make_harness(harness, harness_kwargs, _KEYWORDS)
+        self.harness = make_harness(harness, harness_kwargs, type(self))
         self._model_options: EndpointConfig | None = None
         if mode != "turns":
             from gym_harness.model.turns import model_options
@@ -159,12 +160,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._ended_why = ""
         self.lock = threading.Lock()
         self._tools_spec = tools
-        self._dirs = EpisodeDirs(None if workspace is None else Path(workspace), keep_workspace)
+        self._owned = EnvResources(None if workspace is None else Path(workspace), keep_workspace)
+        self._finalizer = weakref.finalize(self, self._owned.release, True)  # dropped, not closed
         self._tool_prefix = tool_prefix
         self._tool_timeout_s = tool_timeout_s
         self.observation_space = UnicodeText(MAX_TEXT)
         self.action_space = UnicodeText(MAX_TEXT)
         self._state = Lifecycle.NEW
+        self._state_lock = threading.Lock()  # a closed env stays closed, whichever thread
         self._bridge: MCPBridge | None = None
         self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
         self._proxy: ModelProxy | None = None
@@ -194,9 +197,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             raise ConfigError("reset() on a closed env; make a new one.")
         super().reset(seed=seed)
         started = time.monotonic()
+        # Until the new harness runs (a reset may raise, Ctrl-C may land anywhere).
+        self._become(Lifecycle.ENDED, "the last reset() raised before the harness started")
         self._end_episode()
-        self._state = Lifecycle.ENDED  # until the new harness runs (a reset may raise)
-        self._ended_why = "the last reset() raised before the harness started"
         task = pick_task(self.tasks, options or {}, self.np_random)
         episode_id = uuid.uuid4().hex[:12]
         ctx = self._prepare_episode(episode_id, task)
@@ -207,8 +210,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             task=None if task is None else task.to_dict(),
         )
         self._episode_started = started
-        self._state = Lifecycle.RUNNING
-        self._ended_why = ""
+        self._become(Lifecycle.RUNNING)
         prompt = "" if task is None else task.prompt
         events = self.trajectory.startup_events
         try:
@@ -219,6 +221,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise
+        if self._state is Lifecycle.STOPPED:  # closed from another thread meanwhile
+            self._owned.release()  # what this reset made after the close
+            raise ConfigError("the env was closed during reset(); make a new one.")
         self.trajectory.reset_s = time.monotonic() - started
         outcome, error = str(self._startup_error[0]), self._startup_error[1]
         if self._model is not None and self._model.ended is not None and not outcome:
@@ -273,9 +278,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self, reply: str, record: TurnRecord
     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if record.terminated or record.truncated:
-            self._state = Lifecycle.ENDED
             why = record.error_type or "done"
-            self._ended_why = f"turn {record.turn} ended the episode: {why}"
+            self._become(Lifecycle.ENDED, f"turn {record.turn} ended the episode: {why}")
             self._stop_process()
         info = self._info(
             record.turn, record.error_type, record.error, record.events, record.elapsed_s
@@ -288,22 +292,22 @@ class HarnessEnv(gymnasium.Env[str, str]):
         return self.trajectory.transcript() if self.render_mode == "ansi" else None
 
     def close(self) -> None:
-        """Stop the harness tree and the bridge; remove workspaces. Idempotent, never raises."""
-        if self._state is Lifecycle.STOPPED:
-            return
-        self._state = Lifecycle.STOPPED
-        try:
-            self._end_episode()
-        finally:
-            bridge, self._bridge = self._bridge, None
-            if bridge is not None:
-                bridge.stop()
-            model, self._model = self._model, None
-            for service in (self._proxy, None if model is None else model.endpoint):
-                if service is not None:
-                    service.stop()
-            self._proxy = None
-            self._dirs.close()
+        """Stop the harness tree and the servers; remove workspaces. Idempotent, never raises.
+
+        Safe from any thread: a step under way then raises ``ResetNeeded``, and the env stays
+        closed (``reset()`` raises). Ctrl-C meanwhile is raised once everything has ended.
+        """
+        with self._state_lock:
+            if self._state is Lifecycle.STOPPED:
+                return
+            self._state = Lifecycle.STOPPED
+            self._ended_why = "close() was called"
+        with interrupts_held():
+            try:
+                self._end_episode()
+            finally:
+                self._finalizer.detach()
+                self._owned.release()
 
     # ----------------------------------------------------------------- orchestrator
 
@@ -333,7 +337,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     @property
     def workspace(self) -> Path | None:
         """The current episode's workspace directory (``None`` before reset)."""
-        current = self._dirs.current
+        current = self._owned.current
         return None if current is None else current / "workspace"
 
     @property
@@ -344,7 +348,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     # ----------------------------------------------------------------- internals
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
-        workspace, home = self._dirs.new_episode(episode_id, task)
+        workspace, home = self._owned.new_episode(episode_id, task)
         bridge = self._ensure_bridge()
         bridge.start()
         if self.trajectory.episode_id:  # not the first episode: lock the old harness out
@@ -353,16 +357,20 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._capture is not None:
             from gym_harness.capture.proxy import start_proxy
 
-            proxy = self._proxy or start_proxy(*self._capture, self.config.capture_max_bytes)
-            self._proxy = proxy
+            if self._proxy is None:
+                with interrupts_held():  # started and owned, or neither
+                    proxy = start_proxy(*self._capture, self.config.capture_max_bytes)
+                    self._proxy = self._owned.own(proxy)
+            proxy = self._proxy
             proxy.drain()  # exchanges of an earlier episode's last moments
             model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
         if self._model_options is not None:  # side calls go to the proxy, if any
             from gym_harness.model.turns import ModelTurns
 
-            self._model = self._model or ModelTurns.serve(
-                self.harness, self._model_options, self._user_fn
-            )
+            if self._model is None:
+                with interrupts_held():  # started and owned, or neither
+                    self._model = ModelTurns.serve(self.harness, self._model_options, self._user_fn)
+                    self._owned.own(self._model.endpoint)
             model_api_key = self._model.new_key(self._proxy)
             model_base_url = self._model.endpoint.base_url
             policy_timeout_s = self._model_options.policy_timeout_s
@@ -382,14 +390,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._bridge is None:
             from gym_harness.bridge.server import MCPBridge
 
-            self._bridge = MCPBridge(
-                self._tools_spec if self._tools_spec is not None else [],
-                builtin_names=self.harness.builtin_tools,
-                prefix=self._tool_prefix,
-                tool_timeout_s=self._tool_timeout_s,
-                lock=self.lock,
-                max_sessions=self.config.max_mcp_sessions,
-                tool_workers=self.config.tool_workers,
+            self._bridge = self._owned.own(  # owned before it starts: close() stops it
+                MCPBridge(
+                    self._tools_spec if self._tools_spec is not None else [],
+                    builtin_names=self.harness.builtin_tools,
+                    prefix=self._tool_prefix,
+                    tool_timeout_s=self._tool_timeout_s,
+                    lock=self.lock,
+                    max_sessions=self.config.max_mcp_sessions,
+                    tool_workers=self.config.tool_workers,
+                )
             )
         return self._bridge
 
@@ -401,8 +411,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
             ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
         )
         config = launch.config
-        self._dirs.hold_keeper()  # one keeper for all episodes, not one per reset
-        self._proc = HarnessProcess(config.process_spec())
+        self._owned.hold_keeper()  # one keeper for all episodes, not one per reset
+        self._proc = self._owned.process = HarnessProcess(config.process_spec())
         endpoint = None if self._model is None else self._model.endpoint
         signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)
         self._runner = TurnRunner(
@@ -424,9 +434,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
     def _budget(self) -> float | None:
         """When the episode's wall budget runs out (``time.monotonic()``), if it has one."""
-        if self.config.episode_timeout_s is None:
-            return None
-        return self._episode_started + self.config.episode_timeout_s
+        limit = self.config.episode_timeout_s
+        return None if limit is None else self._episode_started + limit
 
     def _emit(self, event: HarnessEvent) -> None:
         if self.on_event is not None:  # the guard does nothing without one (hot path)
@@ -436,6 +445,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
     ) -> TurnRecord:
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
+        if self._state is Lifecycle.STOPPED:
+            raise ResetNeeded(
+                f"the env was closed (close() from another thread) during turn {turn}."
+            )
         if self._proxy is not None:  # a call still waiting upstream is cut into the turn
             result = self._proxy.close_turn(result)
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
@@ -460,10 +473,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         info = self.trajectory.step_info(turn, error_type, error, events, elapsed, code, tail)
         return dict(info)  # gymnasium's signature: a plain dict (with StepInfo's keys)
 
+    def _become(self, state: Lifecycle, why: str = "") -> None:
+        """Move to ``state`` (and say why), unless the env is closed: then it stays closed."""
+        with self._state_lock:
+            if self._state is not Lifecycle.STOPPED:
+                self._state, self._ended_why = state, why
+
     def _abandon(self, why: str) -> None:
         """End the episode after an exception left a step or reset mid-way."""
-        self._state = Lifecycle.ENDED
-        self._ended_why = f"{why}; the harness was stopped so no later step reads its reply"
+        why = f"{why}; the harness was stopped so no later step reads its reply"
+        self._become(Lifecycle.ENDED, why)
         self._stop_process()
 
     def _stop_process(self) -> None:
@@ -473,15 +492,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._model.end_episode(self.trajectory)
 
     def _end_episode(self) -> None:
-        self._stop_process()
-        self._proc = None
-        self._runner = None
-        self._dirs.end_episode()
-
-
-#: ``HarnessEnv``'s own keywords, named in the error for an unknown one.
-_KEYWORDS = tuple(
-    name
-    for name, param in inspect.signature(HarnessEnv).parameters.items()
-    if param.kind is param.KEYWORD_ONLY
-)
+        with interrupts_held():  # whole: no half-ended episode for a later step to read
+            self._stop_process()
+            self._proc = None
+            self._runner = None
+            self._owned.end_episode()

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,51 @@ def test_model_mode_rollout_bad_input(tmp_path: Path, args: list[str], needle: s
     result = model_rollout(tmp_path, str(tasks), "--out", str(tmp_path / "o.jsonl"), *args)
     assert result.returncode == 2
     assert needle in result.stderr, result.stderr
+
+
+def test_a_rollout_that_fails_before_a_record_leaves_an_existing_out_file_alone(
+    tmp_path: Path,
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "fin", "prompt": "/done Jupiter"}\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"kept": true}\n')
+    result = cli("rollout", str(tasks), "--env", "gym_harness/Nope-v0", "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert "Nope" in result.stderr
+    assert out.read_text() == '{"kept": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "tasks.jsonl"]
+
+
+def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "fast", "prompt": "/done one"}\n{"id": "slow", "prompt": "stall"}\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"kept": true}\n')
+    command = json.dumps([sys.executable, AGENT])
+    argv = [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", str(tasks)]
+    argv += ["--env", "gym_harness/Command-v0", "--set", f"command={command}", "--out", str(out)]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stderr is not None
+            seen = ""
+            while "1/2" not in seen:  # the first record is written
+                line = child.stderr.readline()
+                assert line, f"the rollout ended early: {seen}"
+                seen += line
+            child.send_signal(signal.SIGINT)
+            assert child.wait(timeout=30) == 130
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    assert out.read_text() == '{"kept": true}\n'
+    partial = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.partial").read_text().splitlines()
+    ]
+    assert [record["task_id"] for record in partial] == ["fast"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "out.jsonl",
+        "out.jsonl.partial",
+        "tasks.jsonl",
+    ]

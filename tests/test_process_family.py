@@ -16,7 +16,8 @@ from support import OWNER_SCRIPT
 from support.process import SCRIPT, is_ready, running, spec, wait_gone
 
 from gym_harness.config import ProcessSpec
-from gym_harness.process.harness_process import HarnessProcess, hold_keeper, release_keeper
+from gym_harness.process.harness_process import HarnessProcess
+from gym_harness.process.keeper_client import hold, unhold
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
@@ -78,7 +79,7 @@ def test_each_harness_has_its_own_keeper_which_parents_it_and_exits_with_it() ->
 
 
 def test_a_held_keeper_serves_harness_after_harness() -> None:
-    hold_keeper()
+    hold()
     try:
         with HarnessProcess(spec("echo")) as proc:
             start_ready(proc, is_ready)
@@ -88,13 +89,13 @@ def test_a_held_keeper_serves_harness_after_harness() -> None:
             start_ready(proc, is_ready)
             assert proc.keeper_pid == keeper
     finally:
-        release_keeper()
+        unhold()
     assert wait_gone([keeper]) == []
 
 
 def test_a_released_keeper_that_does_not_quit_is_killed_within_its_bound() -> None:
     """Letting a keeper go is bounded: one that cannot quit (stopped) is killed."""
-    hold_keeper()
+    hold()
     try:
         with HarnessProcess(spec("echo")) as proc:
             start_ready(proc, is_ready)
@@ -102,7 +103,7 @@ def test_a_released_keeper_that_does_not_quit_is_killed_within_its_bound() -> No
         assert keeper is not None and running(keeper)  # idle, held for the next harness
         os.kill(keeper, signal.SIGSTOP)  # now it cannot act on being asked to quit
     finally:
-        release_keeper()
+        unhold()
     assert wait_gone([keeper], timeout_s=10) == []
 
 

@@ -43,6 +43,7 @@ from gym_harness.errors import BridgeError, ConfigError
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.loopback.connections import HEADER_TIMEOUT_S
 from gym_harness.loopback.server import IDLE_TIMEOUT_S, LoopbackServer, RotatingToken, run_sync
+from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -271,7 +272,7 @@ class MCPBridge(RotatingToken):
             BridgeError: The server could not bind or start in time.
             ConfigError, ToolConflictError: The tools cannot be loaded or named.
         """
-        with self._state_lock:
+        with self._state_lock, interrupts_held():  # whole: no server thread left unowned
             if self.state is Lifecycle.RUNNING:
                 return
             self._shut()
@@ -281,7 +282,7 @@ class MCPBridge(RotatingToken):
 
     def stop(self) -> None:
         """Stop serving, bounded (milliseconds unless a call is stuck). Idempotent; never raises."""
-        with self._state_lock:
+        with self._state_lock, interrupts_held():
             if self._state is not Lifecycle.RUNNING:
                 return
             self._state = Lifecycle.STOPPED

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Sequence
 from typing import Any
 
 from gym_harness.config import FIELD_NAMES
@@ -51,14 +50,15 @@ def harness_class(name: str) -> type[Harness]:
 
 
 def make_harness(
-    harness: Harness | str, options: dict[str, Any], env_options: Sequence[str] = ()
+    harness: Harness | str, options: dict[str, Any], env_class: type | None = None
 ) -> Harness:
     """Return ``harness`` itself, or the registered harness built with ``options``.
 
     Args:
         harness: A ``Harness`` instance or a registered name.
         options: Keywords for the harness's constructor.
-        env_options: The env's own keywords, named in the error for an unknown one.
+        env_class: The env class whose keyword-only parameters the error for an unknown
+            keyword lists with the harness's own.
 
     Raises:
         ConfigError: An unknown name, options given with an instance, or options the
@@ -68,7 +68,7 @@ def make_harness(
     if isinstance(harness, Harness):
         if options:
             raise ConfigError(
-                _unknown_keywords(sorted(options), [], "", env_options)
+                _unknown_keywords(sorted(options), [], "", env_class)
                 + " Harness options go to the Harness you construct, not to HarnessEnv."
             )
         return harness
@@ -79,18 +79,23 @@ def make_harness(
     unknown = sorted(k for k in options if k not in params)
     if unknown:
         accepted = sorted(k for k in params if k not in ("self", "args", "kwargs"))
-        raise ConfigError(_unknown_keywords(unknown, accepted, harness, env_options))
+        raise ConfigError(_unknown_keywords(unknown, accepted, harness, env_class))
     try:
         return cls(**options)
     except TypeError as exc:
         raise ConfigError(f"Bad options for the {harness!r} harness: {exc}.") from exc
 
 
+def _keyword_only(callable_: Any) -> list[str]:
+    params = inspect.signature(callable_).parameters.values()
+    return [param.name for param in params if param.kind is param.KEYWORD_ONLY]
+
+
 def _unknown_keywords(
-    unknown: list[str], harness_options: list[str], harness: str, env_options: Sequence[str]
+    unknown: list[str], harness_options: list[str], harness: str, env_class: type | None
 ) -> str:
     """The error for keywords nobody takes: the closest known name, then every known one."""
-    env_options = sorted(env_options)
+    env_options = [] if env_class is None else sorted(_keyword_only(env_class))
     known = [*env_options, *harness_options, *sorted(FIELD_NAMES)]
     hints = []
     for name in unknown:

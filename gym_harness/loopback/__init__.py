@@ -7,6 +7,6 @@
 * :mod:`~gym_harness.loopback.service`: ``LoopbackService``, the start-once / stop-once
   lifecycle of the capture proxy and the model endpoint.
 
-Imports only ``errors`` and ``lifecycle``; never the bridge, capture, model, adapters,
+Imports only ``errors``, ``lifecycle`` and ``utils``; never the bridge, capture, model, adapters,
 processes or the env. The servers above it hand it an ASGI app.
 """

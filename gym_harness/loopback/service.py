@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from gym_harness.errors import HarnessError
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.loopback.server import LoopbackServer, RotatingToken
+from gym_harness.utils.interrupts import interrupts_held
 
 __all__ = ["LoopbackService"]
 
@@ -55,32 +56,37 @@ class LoopbackService(RotatingToken):
         return f"http://127.0.0.1:{self._server.port}"
 
     def _start_server(self, app: Any, *, thread_name: str, **server: Any) -> None:
-        """Serve ``app`` (no-op while running); ``server``: more ``LoopbackServer`` arguments."""
-        if self._state is Lifecycle.RUNNING:
-            return
-        if self._state is Lifecycle.STOPPED:
-            raise self.error(f"this {self.label} was stopped; make a new {type(self).__name__}")
-        loopback = LoopbackServer(
-            app,
-            label=self.label,
-            thread_name=thread_name,
-            error=self.error,
-            stop_timeout_s=_STOP_TIMEOUT_S,
-            **server,
-        )
-        loopback.start()
-        self._server = loopback
-        self._state = Lifecycle.RUNNING
+        """Serve ``app`` (no-op while running); ``server``: more ``LoopbackServer`` arguments.
+
+        Whole under Ctrl-C, like ``_stop_server``: no server thread is left unowned.
+        """
+        with interrupts_held():
+            if self._state is Lifecycle.RUNNING:
+                return
+            if self._state is Lifecycle.STOPPED:
+                raise self.error(f"this {self.label} was stopped; make a new {type(self).__name__}")
+            loopback = LoopbackServer(
+                app,
+                label=self.label,
+                thread_name=thread_name,
+                error=self.error,
+                stop_timeout_s=_STOP_TIMEOUT_S,
+                **server,
+            )
+            loopback.start()
+            self._server = loopback
+            self._state = Lifecycle.RUNNING
 
     def _stop_server(self) -> bool:
         """Stop serving (bounded, never raises); False if it had stopped already."""
-        if self._state is Lifecycle.STOPPED:
-            return False
-        self._state = Lifecycle.STOPPED
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-        return True
+        with interrupts_held():
+            if self._state is Lifecycle.STOPPED:
+                return False
+            self._state = Lifecycle.STOPPED
+            server, self._server = self._server, None
+            if server is not None:
+                server.stop()
+            return True
 
     def start(self) -> None:
         """Bind 127.0.0.1 on an OS-chosen port and serve from a thread of its own."""

@@ -1,12 +1,12 @@
 """The process layer: the only part that starts and ends processes.
 
 * :mod:`~gym_harness.process.harness_process`: ``HarnessProcess``, one supervised
-  harness (its pipes, reader threads, liveness and stop), and ``hold_keeper`` /
-  ``release_keeper``.
+  harness (its pipes, reader threads, liveness and stop).
 * :mod:`~gym_harness.process.keeper`: the keeper process, the harness's parent and a
   subreaper of its tree (run as a script, standard library only).
 * :mod:`~gym_harness.process.keeper_client`: the owner's side of the keepers (spawn
-  requests, a watcher thread, the pool of idle keepers).
+  requests, a watcher thread, the pool of idle keepers; ``hold``/``unhold`` keep one
+  ready between harnesses).
 * :mod:`~gym_harness.process.tree`: finding and ending a harness's whole tree.
 * :mod:`~gym_harness.process.workspaces`: the episode directories the keepers remove
   when their owner dies.

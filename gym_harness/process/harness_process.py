@@ -42,6 +42,7 @@ from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, T
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.process import keeper_client as _keeper_client
 from gym_harness.process import tree as _tree
+from gym_harness.utils.interrupts import interrupts_held
 from gym_harness.utils.lines import READ_CHUNK, LineSplitter, read_batches
 
 __all__ = [
@@ -49,8 +50,6 @@ __all__ = [
     "SESSION_VAR",
     "HarnessProcess",
     "ProcessUsage",
-    "hold_keeper",
-    "release_keeper",
 ]
 
 #: Unique per harness; its processes inherit it unless they clear their environment.
@@ -141,8 +140,10 @@ class HarnessProcess:
                     f"HarnessProcess.start() called on a {self._state.value} process; "
                     "create a new HarnessProcess for each run."
                 )
-            # Under the lock, so a stop() from another thread cannot slip in before the spawn.
-            self._spawn()
+            # Under the lock, so a stop() from another thread cannot slip in before the spawn;
+            # whole, so Ctrl-C cannot leave a keeper that is busy with nothing recorded.
+            with interrupts_held():
+                self._spawn()
 
     def write_line(
         self, text: str, timeout_s: float | None = None, *, deadline: float | None = None
@@ -286,35 +287,41 @@ class HarnessProcess:
         used, its cgroup. Idempotent, never raises, and returns within about
         ``stop_grace_s`` + 1 s (a tree that keeps forking: a little longer).
         """
-        with self._lock:
+        with self._lock, interrupts_held():  # whole: Ctrl-C waits for the tree's end
             if self._state is Lifecycle.STOPPED:
                 return
             self._state = Lifecycle.STOPPED
-            popen = self._popen
-            if popen is not None:
-                self._own_exit = popen.poll()  # before our signals: what it did by itself
-                # stop() never raises; whatever survives an error dies with the keeper.
-                with contextlib.suppress(psutil.Error, OSError):
-                    _tree.end(popen, self.spec.stop_grace_s)
-                deadline = time.monotonic() + _JOIN_S
-                for thread in self._readers:
-                    thread.join(max(0.0, deadline - time.monotonic()))
-                # The tree is dead, so a reader in another thread sees EOF and lets go.
-                if self._stdout_lock.acquire(timeout=_JOIN_S):
-                    try:
-                        self._close_stdout()
-                        self._lines.clear()  # unread lines are dropped after stop()
-                    finally:
-                        self._stdout_lock.release()
-                if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
-                    try:
-                        with contextlib.suppress(OSError):
-                            popen.stdin.close()
-                    finally:
-                        self._stdin_lock.release()
-            _live.discard(self)
-            if self._keeper is not None:
-                _keeper_client.release(self._keeper)
+            try:
+                self._end_tree()
+            finally:
+                _live.discard(self)
+                if self._keeper is not None:
+                    _keeper_client.release(self._keeper)
+
+    def _end_tree(self) -> None:
+        popen = self._popen
+        if popen is None:
+            return
+        self._own_exit = popen.poll()  # before our signals: what it did by itself
+        # stop() never raises; whatever survives an error dies with the keeper.
+        with contextlib.suppress(psutil.Error, OSError):
+            _tree.end(popen, self.spec.stop_grace_s)
+        deadline = time.monotonic() + _JOIN_S
+        for thread in self._readers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # The tree is dead, so a reader in another thread sees EOF and lets go.
+        if self._stdout_lock.acquire(timeout=_JOIN_S):
+            try:
+                self._close_stdout()
+                self._lines.clear()  # unread lines are dropped after stop()
+            finally:
+                self._stdout_lock.release()
+        if self._stdin_lock.acquire(timeout=_JOIN_S):  # a writer gets EPIPE by now
+            try:
+                with contextlib.suppress(OSError):
+                    popen.stdin.close()
+            finally:
+                self._stdin_lock.release()
 
     def __enter__(self) -> HarnessProcess:
         return self
@@ -467,21 +474,6 @@ class HarnessProcess:
     def _describe(self) -> str:
         text = shlex.join(self.spec.command)
         return text if len(text) <= 120 else text[:117] + "..."
-
-
-def hold_keeper() -> None:
-    """Keep one keeper process ready between harnesses.
-
-    An owner that starts harness after harness (an env, across resets) holds one
-    so that each start does not launch a new keeper; ``release_keeper`` undoes
-    one hold. Without a hold, a harness's keeper exits when the harness stops.
-    """
-    _keeper_client.hold()
-
-
-def release_keeper() -> None:
-    """Undo one ``hold_keeper``; idle keepers beyond what holds need exit. Never raises."""
-    _keeper_client.unhold()
 
 
 _live: weakref.WeakSet[HarnessProcess] = weakref.WeakSet()

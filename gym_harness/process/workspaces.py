@@ -21,13 +21,13 @@ from gym_harness.process import keeper_client as _keeper_client
 if TYPE_CHECKING:
     from gym_harness.tasks import Task
 
-__all__ = ["EpisodeDirs", "disown_path", "episode_dirs", "new_root", "own_path", "remove_path"]
+__all__ = ["disown_path", "episode_dirs", "new_root", "own_path", "remove_path"]
 
 
 def new_root(keep: bool) -> Path:
     """A fresh directory for an env's episodes, owned by a keeper unless ``keep``.
 
-    The caller holds a keeper first (``harness_process.hold_keeper``), so that one owns
+    The caller holds a keeper first (``keeper_client.hold``), so that one owns
     the directory from the start.
     """
     root = Path(tempfile.mkdtemp(prefix="gym_harness-"))
@@ -78,55 +78,3 @@ def remove_path(path: str | os.PathLike[str]) -> None:
     """
     with contextlib.suppress(OSError):
         _keeper.remove_tree(os.fspath(path))
-
-
-class EpisodeDirs:
-    """One env's episode directories under one root, and its hold on a keeper.
-
-    The first ``new_episode`` holds a keeper (so one keeper serves every episode, and
-    owns the root from the start) and makes the root; each episode gets a directory of
-    its own, removed by ``end_episode``; ``close`` removes the root and lets the keeper go.
-
-    Args:
-        template: A directory copied into every episode's workspace, if any.
-        keep: Keep the directories (for inspection); nobody removes them then.
-
-    Threads: the env's caller thread only.
-    """
-
-    def __init__(self, template: Path | None, keep: bool) -> None:
-        self.template = template
-        self.keep = keep
-        self.root: Path | None = None
-        #: The current episode's directory (``workspace/`` and ``home/`` in it), if any.
-        self.current: Path | None = None
-        self._held = False
-
-    def hold_keeper(self) -> None:
-        """Hold a keeper for this env's harnesses, once (not one per reset)."""
-        if not self._held:
-            _keeper_client.hold()
-            self._held = True
-
-    def new_episode(self, episode_id: str, task: Task | None) -> tuple[Path, Path]:
-        """Make the episode's ``workspace`` and ``home``; return both."""
-        if self.root is None:
-            self.hold_keeper()  # first, so that a keeper owns the root from the start
-            self.root = new_root(self.keep)
-        self.current = self.root / episode_id
-        return episode_dirs(self.current, self.template, task)
-
-    def end_episode(self) -> None:
-        """Remove the current episode's directory (unless kept). Never raises."""
-        current, self.current = self.current, None
-        if current is not None and not self.keep:
-            remove_path(current)
-
-    def close(self) -> None:
-        """Remove the root (unless kept) and release the keeper. Never raises."""
-        if self.root is not None and not self.keep:
-            remove_path(self.root)
-            disown_path(self.root)
-        if self._held:
-            self._held = False
-            _keeper_client.unhold()

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -277,10 +279,27 @@ def _write_rollout(
     rollout: Callable[..., int],
     options: dict[str, Any],
 ) -> int:
-    """Run ``rollout`` (local or Ray) into ``--out``, with a progress line on stderr."""
+    """Run ``rollout`` (local or Ray) into ``--out``, with a progress line on stderr.
+
+    Records go to a temporary file beside ``--out``, renamed over it once the rollout
+    ends: a run that fails never truncates an existing file. One that fails after
+    some records keeps them in ``OUT.partial``.
+    """
     progress = _Progress(len(tasks) * args.n, sys.stderr)
+    target = Path(args.out)
+    written = 0
+
+    def on_record(record: dict[str, Any]) -> None:
+        nonlocal written
+        written += 1
+        _add_exchanges(record, args)
+
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(fd, 0o666 & ~umask)  # as open(OUT, "w") would have made it
     try:
-        with args.out.open("w", encoding="utf-8") as out:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             done = rollout(
                 args.env,
                 kwargs,
@@ -291,11 +310,20 @@ def _write_rollout(
                 follow_up=args.follow_up,
                 out=out,
                 progress=progress.update,
-                on_record=lambda record: _add_exchanges(record, args),
+                on_record=on_record,
                 **options,
             )
+    except BaseException:
+        if written:
+            partial = target.with_name(target.name + ".partial")
+            os.replace(temp, partial)
+            print(f"gym-harness: {written} records kept in {partial}", file=sys.stderr)
+        else:
+            os.unlink(temp)
+        raise
     finally:
         progress.close()
+    os.replace(temp, target)
     print(f"wrote {done} episodes to {args.out}")
     return 0
 
