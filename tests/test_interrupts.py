@@ -48,6 +48,15 @@ def child_env(tmp: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp)}
 
 
+def listening() -> set[int]:
+    """The TCP ports this process listens on (the env's loopback servers)."""
+    return {
+        c.laddr.port
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
 def root_of(env: gymnasium.Env[Any, Any]) -> Path:
     """The directory of ``env``'s episodes (its current workspace's grandparent)."""
     workspace = HarnessEnv.of(env).workspace
@@ -137,8 +146,9 @@ try:
 except KeyboardInterrupt:
     outcome = "interrupted"
 left = [p.pid for p in psutil.Process().children(recursive=True)]
-print(json.dumps({"outcome": outcome, "after_s": time.monotonic() - started,
-                  "left": left, "root_exists": os.path.exists(root)}), flush=True)
+ports = [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"]
+print(json.dumps({"outcome": outcome, "after_s": time.monotonic() - started, "left": left,
+                  "ports": ports, "root_exists": os.path.exists(root)}), flush=True)
 """
 
 
@@ -157,13 +167,15 @@ def test_ctrl_c_while_a_slow_harness_stops_is_raised_once_the_tree_is_gone(
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["outcome"] == "interrupted"  # late, not lost
     assert report["after_s"] >= 1.5  # it waited for the grace: the stop ran whole
-    assert report["left"] == [] and not report["root_exists"]
+    assert report["left"] == [] and report["ports"] == [] and not report["root_exists"]
 
 
 def test_close_from_another_thread_during_a_step_ends_it_and_stays_closed() -> None:
+    ports = listening()
     env = gymnasium.make("gym_harness/Command-v0", command=[sys.executable, str(LINE_AGENT)])
     env.reset()
     root = root_of(env)
+    assert listening() - ports  # the bridge
     inner = HarnessEnv.of(env)
     assert inner.process is not None
     harness = inner.process.pid
@@ -182,15 +194,17 @@ def test_close_from_another_thread_during_a_step_ends_it_and_stays_closed() -> N
     env.close()  # idempotent
     assert gone([harness], 5) == []
     assert not root.exists()
+    assert listening() - ports == set()
 
 
 def test_an_env_dropped_without_close_ends_its_harness_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    threads = {t.ident for t in threading.enumerate()}
+    threads, ports = {t.ident for t in threading.enumerate()}, listening()
     env = gymnasium.make("gym_harness/Command-v0", command=[sys.executable, str(LINE_AGENT)])
     env.reset()
     root = root_of(env)
+    assert listening() - ports  # the bridge
     assert env.step("hi")[0] == "echo: hi"
     ours = [p.pid for p in psutil.Process().children(recursive=True)]  # keeper and harness
     assert len(ours) >= 2
@@ -199,6 +213,7 @@ def test_an_env_dropped_without_close_ends_its_harness_and_says_so(
         gc.collect()
     assert gone(ours, 5) == []
     assert not root.exists()
+    assert listening() - ports == set()
     dropped = [r for r in caplog.records if "dropped without close()" in r.getMessage()]
     assert len(dropped) == 1
     deadline = time.monotonic() + 5
