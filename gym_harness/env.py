@@ -41,7 +41,7 @@ from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
-from gym_harness.usercode import CallbackGuard, RewardRunner, user_callable
+from gym_harness.usercode import CallbackGuard, RewardRunner, UserFnRunner, user_callable
 
 if TYPE_CHECKING:
     from gym_harness.bridge.server import MCPBridge
@@ -360,8 +360,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._model_options is not None:  # side calls go to the proxy, if any
             from gym_harness.model.turns import ModelTurns
 
+            user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
             self._model = self._model or ModelTurns.serve(
-                self.harness, self._model_options, self._user_fn
+                self.harness, self._model_options, user_fn
             )
             model_api_key = self._model.new_key(self._proxy)
             model_base_url = self._model.endpoint.base_url
