@@ -41,7 +41,7 @@ from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
-from gym_harness.usercode import CallbackGuard, RewardRunner, user_callable
+from gym_harness.usercode import CallbackGuard, RewardRunner, UserFnRunner, user_callable
 from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
@@ -368,8 +368,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             from gym_harness.model.turns import ModelTurns
 
             if self._model is None:
+                user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
                 with interrupts_held():  # started and owned, or neither
-                    self._model = ModelTurns.serve(self.harness, self._model_options, self._user_fn)
+                    self._model = ModelTurns.serve(self.harness, self._model_options, user_fn)
                     self._owned.own(self._model.endpoint)
             model_api_key = self._model.new_key(self._proxy)
             model_base_url = self._model.endpoint.base_url

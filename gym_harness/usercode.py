@@ -1,8 +1,8 @@
-"""Running the user's code on a turn: ``reward_fn`` and the ``on_event`` callback.
+"""Running the user's code on a turn: ``reward_fn``, ``user_fn`` and ``on_event``.
 
-Both run in the env's process, after (``reward_fn``) or while (``on_event``) a
-turn runs, and neither may corrupt it. The env records the turn before either
-result is used, so what the user's code does never loses or shifts a turn:
+All run in the env's process, after (``reward_fn``, model mode's ``user_fn``) or while
+(``on_event``) a turn runs, and none may corrupt it. The env records the turn before
+any result is used, so what the user's code does never loses or shifts a turn:
 
 * ``RewardRunner`` calls ``reward_fn``. An exception becomes the outcome
   ``reward_error`` (reward 0.0, a one-line summary for ``info["error"]``, the
@@ -10,6 +10,10 @@ result is used, so what the user's code does never loses or shifts a turn:
   worker thread and one that overruns becomes ``reward_timeout``. A thread
   cannot be killed, so a reward still running from an earlier turn makes the
   next call ``reward_timeout`` at once: at most one such thread per env.
+* ``UserFnRunner`` calls ``user_fn`` (model mode) once a turn ended and was scored. An
+  exception, or a value that is no ``str`` or ``None``, becomes the outcome
+  ``user_fn_error``: the episode ends, the turn keeps its reward, ``info["error"]``
+  has a one-line summary and the traceback is logged once.
 * ``CallbackGuard`` calls ``on_event``. The first exception is kept (the
   callback is not called again during that turn) and raised once the turn is
   finished and recorded, as a ``CallbackError`` that names the callback.
@@ -26,10 +30,17 @@ from typing import Any
 from gym_harness.errors import CallbackError, ConfigError
 from gym_harness.events import HarnessEvent
 from gym_harness.outcome import Outcome
-from gym_harness.trajectory import RewardContext, RewardFn
+from gym_harness.trajectory import RewardContext, RewardFn, Trajectory
 from gym_harness.utils.imports import import_attr
 
-__all__ = ["CallbackGuard", "RewardRunner", "describe", "summary", "user_callable"]
+__all__ = [
+    "CallbackGuard",
+    "RewardRunner",
+    "UserFnRunner",
+    "describe",
+    "summary",
+    "user_callable",
+]
 
 _log = logging.getLogger("gym_harness")
 
@@ -126,6 +137,47 @@ class RewardRunner:
             "The full traceback is in the 'gym_harness' log."
         )
         return 0.0, Outcome.REWARD_ERROR, why
+
+
+class UserFnRunner:
+    """Calls model mode's ``user_fn`` and turns its faults into ``user_fn_error``.
+
+    Threads: the env's caller thread only.
+
+    Args:
+        user_fn: The user's ``user_fn(trajectory) -> str | None``.
+    """
+
+    def __init__(self, user_fn: Callable[[Trajectory], str | None]) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, trajectory: Trajectory) -> tuple[str | None, Outcome, str]:
+        """The next user message after a turn.
+
+        Returns:
+            ``(message or None, Outcome.OK, "")``, or ``(None, Outcome.USER_FN_ERROR,
+            why)`` when ``user_fn`` raised or returned something that is no ``str``.
+        """
+        name = describe(self.user_fn)
+        try:
+            message = self.user_fn(trajectory)
+        except Exception as exc:
+            _log.error("user_fn %s raised; the episode ends as user_fn_error", name, exc_info=exc)
+            why = (
+                f"user_fn {name} raised {summary(exc)}; the episode ends (the turn is kept and "
+                "scored). The full traceback is in the 'gym_harness' log."
+            )
+            return None, Outcome.USER_FN_ERROR, why
+        if message is None or isinstance(message, str):
+            return message, Outcome.OK, ""
+        shown = repr(message)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        why = (
+            f"user_fn {name} returned {type(message).__name__} {shown}; it must return the "
+            "next user message as a str, or None to end the episode. The episode ends (the "
+            "turn is kept and scored)."
+        )
+        return None, Outcome.USER_FN_ERROR, why
 
 
 class CallbackGuard:

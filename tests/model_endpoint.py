@@ -24,8 +24,10 @@ from typing import Any
 
 from support.model_server import QuietHandler, read_body, serve_in_thread
 
+from gym_harness.capture.records import api_of
 from gym_harness.model import (
     AnswerWriter,
+    BadRequest,
     Completion,
     InvalidAction,
     error_body,
@@ -101,8 +103,14 @@ class ModelEndpoint:
         with self._lock:
             self._count += 1
             request_id = f"req-{self._count}"
-        request = read_request(path, raw, query=query, request_id=request_id)
-        if h.command != "POST" or request is None:
+        try:
+            request = None if h.command != "POST" else read_request(
+                path, raw, query=query, request_id=request_id
+            )  # fmt: skip
+        except BadRequest as exc:
+            _send(h, 400, json.dumps(error_body(api_of(path), 400, str(exc))).encode())
+            return
+        if request is None:
             _send(h, *other_answer(h.command, path))
             return
         observation = request.observation()

@@ -8,12 +8,14 @@ The policy is the test itself: it claims a call with ``next_request`` and answer
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import select
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,13 +191,48 @@ def test_calls_that_are_no_model_calls_are_answered_at_once(ep: ModelEndpoint) -
     for method, path, status in [
         ("GET", "/v1/models", 200),
         ("POST", "/v1/messages/count_tokens", 200),
-        ("POST", "/v1/messages", 404),  # a body that is no model call
+        ("POST", "/v1/nothing", 404),  # a path that is no model call's
     ]:
         conn.request(method, path, body=b"not json", headers={"x-api-key": ep.token})
         resp = conn.getresponse()
         assert resp.status == status and resp.read()
     conn.close()
     assert not waiting(ep) and ep.calls() == []
+
+
+MALFORMED = {
+    "empty": ("/v1/messages", b"", "empty"),
+    "binary": ("/v1/messages", bytes(range(256)) * 4, "binary"),
+    "not json": ("/v1/chat/completions", b"{'messages': []}", "not JSON"),
+    "a json array": ("/v1/responses", b'[{"role": "user", "content": "hi"}]', "JSON array"),
+    "nested 200k deep": ("/v1/chat/completions", b"[" * 200_000 + b"]" * 200_000, "nested"),
+    "messages not a list": ("/v1/chat/completions", b'{"messages": "x"}', "'messages' must be"),
+    "a message not an object": (
+        "/v1/messages",
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}, "x"]}',
+        "item 1 is a JSON string",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_body_gets_400_with_the_reason_and_is_no_step(
+    ep: ModelEndpoint, case: str
+) -> None:
+    path, body, reason = MALFORMED[case]
+    port = int(ep.base_url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
+    _OPEN.append(conn)
+    conn.request("POST", path, body=body, headers={"authorization": f"Bearer {ep.token}"})
+    resp = conn.getresponse()
+    answer = resp.read()
+    assert resp.status == 400, answer
+    assert reason in json.loads(answer)["error"]["message"], answer
+    assert not waiting(ep) and ep.next_request() is None
+    (record,) = ep.calls()
+    assert (record.status, record.observation) == (400, None) and reason in record.error
+    conn.request("POST", path, body=body, headers={"authorization": f"Bearer {ep.token}"})
+    assert conn.getresponse().status == 400  # the connection stays usable
 
 
 def test_the_key_is_required_and_rotates(ep: ModelEndpoint) -> None:
@@ -380,6 +417,85 @@ def test_a_body_over_the_limit_gets_413_declared_or_streamed() -> None:
         assert not waiting(ep)
 
 
+def test_a_chunked_body_over_the_limit_is_dropped_while_read() -> None:
+    """The body is never held past the limit: no copy of it is made to refuse it."""
+    limit = 4 * 2**20
+    piece = b"x" * (256 * 1024)
+    with ModelEndpoint(max_request_bytes=limit) as ep:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-api-key: {ep.token}\r\n"
+            "transfer-encoding: chunked\r\n\r\n"
+        ).encode()
+        payload = head + (b"%x\r\n%s\r\n" % (len(piece), piece)) * 24  # 6 MiB, made first
+        port = int(ep.base_url.rsplit(":", 1)[1])
+        tracemalloc.start()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+                with contextlib.suppress(ConnectionError):  # closed once past the limit
+                    sock.sendall(payload)
+                    sock.recv(65536)
+                until(ep.calls)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        (record,) = ep.calls()
+    assert record.status == 413 and "max_request_bytes" in record.error
+    # The body up to the limit, plus a chunk or two in flight; holding a copy would be 2x.
+    assert peak < 1.6 * limit, peak / limit
+
+
+def read_answer(sock: socket.socket) -> tuple[int, bytes]:
+    """One whole HTTP/1.1 answer with a content-length: its status and body."""
+    got = bytearray()
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(1 << 20)
+        assert chunk, bytes(got[:200])
+        got += chunk
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    fields = {name.lower(): value for name, _, value in (line.partition(":") for line in lines)}
+    length = int(fields["content-length"])
+    rest = bytearray(body)
+    while len(rest) < length:
+        chunk = sock.recv(1 << 20)
+        if not chunk:  # cut before its end
+            break
+        rest += chunk
+    return int(status.split()[1]), bytes(rest)
+
+
+def test_a_complete_answer_still_being_written_is_never_evicted() -> None:
+    """At the connection cap, an answered call whose bytes are not all sent stays."""
+    with ModelEndpoint(max_connections=8) as ep:
+        server = ep._server
+        assert server is not None and server.max_connections == 8
+        port = int(ep.base_url.rsplit(":", 1)[1])
+        _, data = request_parts("opencode", stream=False)
+        body = json.dumps(data).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            f"\r\nauthorization: Bearer {ep.token}\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.socket() as reader:  # a harness slow to read its answer
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.settimeout(WAIT_S)
+            reader.connect(("127.0.0.1", port))
+            reader.sendall(head + body)
+            call = claim(ep)
+            for i in range(7):  # the other seven places: calls waiting for the policy
+                post(ep, "opencode", stream=False, body=dict(data, n=i))
+                claim(ep)
+            text = "y" * (8 * 2**20)  # far more than the sockets' buffers hold
+            assert ep.deliver(call.request_id, Completion(content=text))
+            until(lambda: call.exchange is None)  # the answer is complete, not all sent
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as newcomer:
+                until(lambda: hung_up(newcomer))  # no place for it: nobody may be evicted
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            status, answer = read_answer(reader)
+        assert status == 200
+        assert json.loads(answer)["choices"][0]["message"]["content"] == text
+
+
 def test_waiting_calls_are_bounded_by_max_pending() -> None:
     with ModelEndpoint(max_pending=2) as ep:
         body = captured("opencode")["body"]
@@ -478,6 +594,64 @@ def test_cut_ends_every_waiting_call_with_an_error(ep: ModelEndpoint) -> None:
     assert resp.status == 504 and b"the episode ended" in resp.read()
     assert [(r.status, r.error) for r in ep.calls()] == [(504, "the episode ended")] * 2
     assert not ep.deliver(claimed.request_id, Completion(content="late"))
+
+
+def test_the_key_stops_working_the_moment_its_episode_is_cut(ep: ModelEndpoint) -> None:
+    old = ep.token
+    waiting_call = post(ep, "claude", stream=False)
+    claim(ep)
+    assert ep.cut("the episode ended") == 1
+    assert waiting_call.getresponse().status == 504
+    assert [r.status for r in ep.drain()] == [504]  # into the ended episode's trajectory
+    late = post(ep, "claude", key=old).getresponse()
+    assert late.status == 401 and b"key" in late.read()
+    assert not waiting(ep) and ep.calls() == []  # in no trajectory
+    new = ep.rotate_token()
+    assert new != old
+    assert post(ep, "claude", key=old).getresponse().status == 401
+
+
+def test_a_request_let_in_before_the_cut_is_refused_after_it(ep: ModelEndpoint) -> None:
+    """Its key was good when its headers came; its body came after the episode ended."""
+    _, data = request_parts("opencode", stream=False)
+    body = json.dumps(data).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {ep.token}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    port = int(ep.base_url.rsplit(":", 1)[1])
+    before = ep.last_activity
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(head)
+        until(lambda: ep.last_activity > before)  # the endpoint let it in
+        ep.cut("the episode ended")
+        sock.sendall(body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 401 ")
+    assert not waiting(ep) and ep.calls() == []
+
+
+def test_a_call_that_timed_out_is_a_lapse_until_an_answer_goes_out() -> None:
+    with ModelEndpoint(policy_timeout_s=0.2, keepalive_s=0.05) as ep:
+        ep.rotate_token()
+        assert ep.lapses() == (0, ())
+        first = post(ep, "opencode", stream=False)
+        call = claim(ep)
+        assert first.getresponse().status == 504
+        assert ep.lapses() == (1, (call.request_id,))
+        retry = post(ep, "opencode", stream=False)  # the harness retries: a call of its own
+        assert retry.getresponse().status == 504
+        count, ids = ep.lapses()
+        assert count == 2 and ids[0] == call.request_id and len(set(ids)) == 2
+        conn = post(ep, "opencode", stream=False, body=dict(captured("opencode")["body"], n=1))
+        answered = claim(ep)
+        assert ep.lapses()[0] == 2  # claimed is not answered
+        assert ep.deliver(answered.request_id, Completion(content="in time"))
+        assert conn.getresponse().status == 200
+        assert ep.lapses() == (0, ())
+        post(ep, "opencode", stream=False, body=dict(captured("opencode")["body"], n=2))
+        until(lambda: ep.lapses()[0] == 1)
+        ep.cut("the episode ended")
+        assert ep.lapses() == (0, ())
 
 
 def test_stop_is_bounded_idempotent_and_leaves_no_thread() -> None:

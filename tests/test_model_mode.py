@@ -8,7 +8,9 @@ endpoint and run tool calls over the real MCP bridge; nothing of ours is mocked.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -363,5 +365,152 @@ def test_a_turn_that_ends_before_any_model_call_is_told_at_reset(prompt: str, ou
         _, _, term, trunc, info = env.step("anything")
         assert (term, trunc, info["error_type"]) == (True, False, outcome)
         assert env.trajectory.turns[-1].message == prompt
+    finally:
+        env.close()
+
+
+# -- answers that never reached the harness -----------------------------------------------------
+
+
+def until_timed_out(env: HarnessEnv, count: int = 1) -> None:
+    """Wait (bounded) until ``count`` model calls got the endpoint's 504 for the policy timeout."""
+    model = env._model  # the env's endpoint says when its 504s went out
+    assert model is not None
+    deadline = time.monotonic() + 60
+    while model.endpoint.lapses()[0] < count:
+        assert time.monotonic() < deadline, "no model call timed out"
+        time.sleep(0.02)
+
+
+def error_events(info: dict[str, Any]) -> list[str]:
+    return [e["data"].get("error_type", "") for e in info["events"] if e["type"] == "error"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_after_policy_timeout_is_not_delivered_and_truncates(kind: str) -> None:
+    """The harness got a 504; the late answer is not shown or scored as delivered."""
+    RAN.clear()
+    env = make_env(kind, policy_timeout_s=1.0)
+    try:
+        env.reset(seed=0)
+        obs, _, term, trunc, info = env.step(call_add())  # in time
+        assert (term, trunc, info["error_type"]) == (False, False, ""), info["error"]
+        late = json.loads(obs)
+        until_timed_out(env)
+        obs, rew, term, trunc, info = env.step("the sum is 5")  # too late
+        assert (term, trunc, info["error_type"]) == (False, True, Outcome.POLICY_TIMEOUT)
+        assert late["request_id"] in info["error"] and "policy_timeout_s=1" in info["error"]
+        assert "not delivered" in info["error"] and error_events(info) == ["policy_timeout"]
+        assert rew == 0.25  # reward_fn scored the truncated turn; "5" never was its reply
+        assert RAN == [(2, 3)]
+        final = json.loads(obs)  # the conversation up to the last answer delivered
+        assert final["request_id"] == "" and "the sum is 5" not in json.dumps(final)
+        assert final["messages"][-1]["role"] == "assistant"
+        assert final["messages"][-1]["tool_calls"][0]["function"]["name"] == "add"
+        assert env.trajectory.final_messages() == final["messages"]
+        record = env.trajectory.to_record(env_id="e", index=0, seed=0, total_s=1.0)
+        assert record["messages"] == final["messages"]
+        assert (record["outcome"], record["error_type"]) == ("policy_timeout",) * 2
+        (turn,) = env.trajectory.turns
+        assert (turn.truncated, turn.error_type, turn.reward) == (True, "policy_timeout", 0.25)
+        assert "the sum is 5" not in turn.response
+        main = [c for c in env.trajectory.calls if not c.side]
+        assert [c.status for c in main[:2]] == [200, 504]
+        assert main[1].request_id == late["request_id"] and main[1].completion is None
+        assert all(c.completion is None for c in main[1:])
+        with pytest.raises(gymnasium.error.ResetNeeded, match="policy_timeout"):
+            env.step("again")
+        obs, info = env.reset(seed=1)  # the env goes on with a new episode
+        assert info["error_type"] == "" and json.loads(obs)["request_id"]
+    finally:
+        env.close()
+
+
+def test_calls_timing_out_while_the_policy_is_late_are_all_told() -> None:
+    """The harness retries while the policy thinks; each retry times out too."""
+    RAN.clear()
+    env = make_env("command", prompt="retry: what is 2+3?", policy_timeout_s=1.0)
+    try:
+        obs, _ = env.reset(seed=0)
+        first = json.loads(obs)["request_id"]
+        until_timed_out(env, 2)  # the call, and the harness's retry of it
+        _, rew, term, trunc, info = env.step(call_add())
+        assert (term, trunc, info["error_type"]) == (False, True, Outcome.POLICY_TIMEOUT)
+        found = re.search(r"(\d+) more model call\(s\) \(the harness's retries\)", info["error"])
+        assert found is not None and int(found.group(1)) >= 1, info["error"]
+        assert first in info["error"] and rew == 0.25 and RAN == []
+        calls = env.trajectory.calls
+        assert len(calls) >= 2 and calls[0].request_id == first
+        assert all(c.completion is None and c.status == 504 for c in calls)
+    finally:
+        env.close()
+
+
+def test_a_turn_ended_as_if_done_after_a_timed_out_call_is_policy_timeout() -> None:
+    """No answer went out after the call's 504, yet the harness ended the turn "cleanly"."""
+    command = [sys.executable, str(MODEL_AGENT), "--ask-at-start"]
+    scored: list[str] = []
+
+    def reward_fn(ctx: RewardContext) -> float:
+        scored.append(ctx.error_type)
+        return 0.5
+
+    env = HarnessEnv(
+        "command", command=command, mode="model", tasks=TASKS, reward_fn=reward_fn,
+        policy_timeout_s=1.0,
+    )  # fmt: skip
+    try:
+        obs, info = env.reset(seed=0)  # its call before "ready" timed out: the turn ended
+        assert info["error_type"] == Outcome.POLICY_TIMEOUT, info["error"]
+        assert json.loads(obs)["request_id"] == ""
+        (call,) = env._model.endpoint.calls() if env._model else ()
+        assert (call.status, call.completion) == (504, None)
+        assert call.request_id in info["error"] and "as if done" in info["error"]
+        _, rew, term, trunc, info = env.step("anything")
+        assert (term, trunc, info["error_type"]) == (False, True, Outcome.POLICY_TIMEOUT)
+        assert (rew, scored) == (0.5, ["policy_timeout"]) and call.request_id in info["error"]
+        assert env.trajectory.turns[-1].response == "model error 504"
+        assert [c.status for c in env.trajectory.calls] == [504]
+    finally:
+        env.close()
+
+
+# -- user_fn faults ---------------------------------------------------------------------------
+
+
+def test_a_user_fn_that_raises_is_user_fn_error(caplog: pytest.LogCaptureFixture) -> None:
+    def user_fn(trajectory: Any) -> str | None:
+        raise RuntimeError("no next message")
+
+    env = gymnasium.make(
+        "gym_harness/Reference-v0", mode="model", tools=[add], tasks=TASKS, reward_fn=reward,
+        user_fn=user_fn,
+    )  # fmt: skip
+    try:
+        env.reset(seed=0)
+        with caplog.at_level(logging.ERROR, logger="gym_harness"):
+            _, rew, term, trunc, info = env.step("2+3 is 5")
+        assert (term, trunc, info["error_type"]) == (True, False, Outcome.USER_FN_ERROR)
+        assert rew == 1.0  # the turn is kept and scored
+        assert "RuntimeError: no next message (at " in info["error"]
+        assert "user_fn" in info["error"] and "\n" not in info["error"]
+        logged = [r for r in caplog.records if r.exc_info]
+        assert len(logged) == 1 and "user_fn" in logged[0].getMessage()
+        (turn,) = HarnessEnv.of(env).trajectory.turns
+        assert (turn.error_type, turn.reward, turn.terminated) == ("user_fn_error", 1.0, True)
+        with pytest.raises(gymnasium.error.ResetNeeded):
+            env.step("again")
+    finally:
+        env.close()
+
+
+def test_a_user_fn_that_returns_no_str_is_user_fn_error() -> None:
+    env = make_env("reference", user_fn=lambda trajectory: 5)
+    try:
+        env.reset(seed=0)
+        _, rew, term, trunc, info = env.step("2+3 is 5")
+        assert (term, trunc, info["error_type"]) == (True, False, Outcome.USER_FN_ERROR)
+        assert rew == 1.0 and "returned int 5" in info["error"] and "a str" in info["error"]
+        assert env.trajectory.turns[-1].error_type == Outcome.USER_FN_ERROR
     finally:
         env.close()

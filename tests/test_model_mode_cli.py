@@ -12,7 +12,9 @@ an observation and answers it as the policy would. Per CLI:
   retry and no duplicate step;
 * malformed actions (a tool the request did not offer; arguments that are no object)
   end the episode as ``invalid_action``;
-* SIGKILL of the CLI while the policy holds a call gives ``harness_crashed``.
+* SIGKILL of the CLI while the policy holds a call gives ``harness_crashed``;
+* Gemini CLI, whose policy answers after ``policy_timeout_s``: ``policy_timeout``, and the
+  late answer is never delivered (the CLI would retry, then end its turn as if done).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def make_env(monkeypatch: pytest.MonkeyPatch, cli: str) -> Any:
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     executable = cli_path(command)
 
-    def make(calls: Calls) -> HarnessEnv:
+    def make(calls: Calls, **changes: Any) -> HarnessEnv:
         return HarnessEnv(
             cli,
             mode="model",
@@ -69,6 +71,7 @@ def make_env(monkeypatch: pytest.MonkeyPatch, cli: str) -> Any:
             startup_timeout_s=60,
             turn_timeout_s=120,
             idle_timeout_s=90,
+            **changes,
         )
 
     return make
@@ -197,5 +200,38 @@ def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(cli: str, make
         assert (terminated, truncated) == (True, False), info
         with calls.lock:
             assert calls.seen == []
+    finally:
+        env.close()
+
+
+@real_cli(timeout=180)
+@pytest.mark.parametrize("cli", ["gemini_cli"])
+def test_an_answer_after_policy_timeout_is_policy_timeout(cli: str, make_env: Any) -> None:
+    calls = Calls()
+    env = make_env(calls, policy_timeout_s=2.0)
+    try:
+        obs, info = env.reset()
+        assert info["error_type"] == "", info
+        first = json.loads(obs)
+        tool = env_tool(first)
+        assert tool is not None
+        model = env._model  # the env's endpoint says when the CLI got its 504
+        assert model is not None
+        deadline = time.monotonic() + 60
+        while model.endpoint.lapses()[0] < 1:
+            assert time.monotonic() < deadline, "the call never timed out"
+            time.sleep(0.05)
+        obs, rew, terminated, truncated, info = env.step(call_tool(tool, {"a": 20, "b": 22}))
+        assert (terminated, truncated) == (False, True), info
+        assert info["error_type"] == Outcome.POLICY_TIMEOUT, info
+        assert first["request_id"] in info["error"] and "not delivered" in info["error"]
+        assert rew == 0.25  # reward_fn scored the truncated turn, without the sum
+        with calls.lock:
+            assert calls.seen == []  # the late tool call never reached the CLI
+        final = json.loads(obs)  # the conversation up to the last answer: none reached it
+        assert (final["request_id"], final["messages"]) == ("", [])
+        main = [c for c in env.trajectory.calls if not c.side]
+        assert main and main[0].request_id == first["request_id"] and main[0].status == 504
+        assert all(c.completion is None for c in main)
     finally:
         env.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gym_harness.capture.records import assemble, parse_sse
 from gym_harness.model import (
     ActionLimits,
     AnswerWriter,
+    BadRequest,
     Completion,
     InvalidAction,
     ModelRequest,
@@ -187,10 +189,39 @@ def test_codex_namespaced_tool_answers_in_its_namespace() -> None:
 def test_requests_that_are_no_model_call_are_none() -> None:
     assert read_request("/", b"") is None
     assert read_request("/v1/models", b"{}") is None
-    assert read_request("/v1/messages", b"not json") is None
-    assert read_request("/v1/messages", b"[1, 2]") is None
-    assert read_request("/v1/chat/completions", b'{"messages": [{"role": "assistant", '
-                        b'"tool_calls": ["x"]}]}') is None  # fmt: skip
+    assert read_request("/v1/messages/count_tokens", b"not json") is None
+
+
+MALFORMED = {
+    "empty": ("/v1/messages", b"", "empty"),
+    "blank": ("/v1/messages", b" \r\n ", "empty"),
+    "binary": ("/v1/messages", b"\x89PNG\r\n\x1a\n\xff\xfe", "binary"),
+    "not json": ("/v1/messages", b"not json", "not JSON"),
+    "array": ("/v1/messages", b"[1, 2]", "JSON array"),
+    "deep": ("/v1/chat/completions", b"[" * 200_000 + b"]" * 200_000, "nested"),
+    "messages a string": ("/v1/chat/completions", b'{"messages": "x"}', "'messages' must be"),
+    "messages missing": ("/v1/messages", b'{"model": "m"}', "got missing"),
+    "message not an object": ("/v1/messages", b'{"messages": [{"role": "user"}, 3]}', "item 1"),
+    "contents an object": ("/v1beta/models/m:generateContent", b'{"contents": {}}', "object"),
+    "input a number": ("/v1/responses", b'{"input": 5}', "'input' must be"),
+    "tool call not an object": (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "assistant", "tool_calls": ["x"]}]}',
+        "wrong shape",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_model_call_is_a_bad_request_with_the_reason(case: str) -> None:
+    path, body, reason = MALFORMED[case]
+    with pytest.raises(BadRequest, match=re.escape(reason)):
+        read_request(path, body)
+
+
+def test_a_responses_input_may_be_one_string() -> None:
+    request = read_request("/v1/responses", b'{"model": "m", "input": "hi"}')
+    assert request is not None and request.messages == [{"role": "user", "content": "hi"}]
 
 
 JSON = st.recursive(
@@ -205,13 +236,32 @@ KEYS = st.sampled_from(
 )
 
 
-@given(st.sampled_from(APIS), st.dictionaries(KEYS, JSON, max_size=5))
+#: Messages of any shape: objects with the keys the four APIs' messages use.
+MESSAGES = st.lists(
+    st.dictionaries(
+        st.sampled_from(["role", "content", "tool_calls", "parts", "type", "text", "call_id"]),
+        JSON,
+        max_size=4,
+    ),
+    max_size=4,
+)
+CONVERSATION = {"chat": "messages", "anthropic": "messages", "responses": "input"}
+
+
+@given(st.sampled_from(APIS), st.dictionaries(KEYS, JSON, max_size=5), MESSAGES | st.none())
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_any_json_body_reads_or_is_refused_never_raises(api: str, body: dict[str, Any]) -> None:
+def test_any_json_body_reads_or_is_refused_never_raises(
+    api: str, body: dict[str, Any], messages: list[Any] | None
+) -> None:
     path = make_body(api, [], False)[0]
-    request = read_request(path, json.dumps(body).encode())
-    if request is not None:
-        json.dumps(request.observation())
+    if messages is not None:  # a conversation of the right kind, with parts of any shape
+        body[CONVERSATION.get(api, "contents")] = messages
+    try:
+        request = read_request(path, json.dumps(body).encode())
+    except BadRequest:
+        return
+    assert request is not None
+    json.dumps(request.observation())
 
 
 # -- actions ------------------------------------------------------------------------------------

@@ -15,7 +15,18 @@ from typing import Any
 from gym_harness.capture.secrets import Redactor
 from gym_harness.utils import bounded_json
 
-__all__ = ["Call", "StreamBroken", "add_logprobs", "error_payload", "read_body", "send_json"]
+__all__ = [
+    "KEPT_PREFIX",
+    "Call",
+    "StreamBroken",
+    "add_logprobs",
+    "error_payload",
+    "read_body",
+    "send_json",
+]
+
+#: How much of a body over the limit :func:`read_body` returns (for the refusal's record).
+KEPT_PREFIX = 64 * 1024
 
 
 class StreamBroken(Exception):
@@ -85,7 +96,11 @@ class Call:
 async def read_body(
     receive: Any, headers: list[tuple[str, str]], limit: int
 ) -> tuple[bytes, int, str]:
-    """Read an ASGI request body, never holding much more than ``limit`` bytes.
+    """Read an ASGI request body, never holding more than ``limit`` bytes of it.
+
+    A body that would pass ``limit`` is dropped as soon as it does, chunked or not: what
+    was read so far is freed, and only its first :data:`KEPT_PREFIX` bytes are returned.
+    A whole body is joined once at the end (one chunk is returned as it came).
 
     Args:
         receive: The ASGI receive callable.
@@ -94,23 +109,39 @@ async def read_body(
 
     Returns:
         ``(body, size, problem)``: ``problem`` is ``""`` (``body`` is whole),
-        ``"too_large"`` (``size`` is the declared length, or what was read when the
-        stream passed ``limit``; ``body`` what was read) or ``"client_closed"`` (the
-        harness hung up before the end; never forward half a request).
+        ``"too_large"`` (``size`` is the declared length, or what had arrived when the
+        stream passed ``limit``; ``body`` at most the first :data:`KEPT_PREFIX` bytes)
+        or ``"client_closed"`` (the harness hung up before the end; never forward half
+        a request).
     """
     declared = next((v for k, v in headers if k == "content-length"), "")
     if declared.isdigit() and int(declared) > limit:  # refused before a byte is read
         return b"", int(declared), "too_large"
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return bytes(body), len(body), "client_closed"
-        body += message.get("body", b"")
-        if len(body) > limit:
-            return bytes(body), len(body), "too_large"
+            return b"".join(chunks), size, "client_closed"
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # the chunk that passes the limit is never kept
+            return _prefix([*chunks, chunk], KEPT_PREFIX), size, "too_large"
+        if chunk:
+            chunks.append(chunk)
         if not message.get("more_body"):
-            return bytes(body), len(body), ""
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks), size, ""
+
+
+def _prefix(chunks: list[bytes], length: int) -> bytes:
+    """The first ``length`` bytes of ``chunks`` joined, copying no more than those."""
+    out: list[bytes] = []
+    for chunk in chunks:
+        if length <= 0:
+            break
+        out.append(chunk[:length])
+        length -= len(out[-1])
+    return b"".join(out)
 
 
 def add_logprobs(content: bytes) -> tuple[bytes, bool]:

@@ -7,7 +7,9 @@
 * a place in a :class:`Table` of at most ``cap`` connections, which evicts, oldest
   first, an idle unauthenticated connection, then a busy unauthenticated one, then an
   idle authenticated one (the app sets :attr:`owner` once a request authenticated);
-  busy authenticated connections are never evicted;
+  busy authenticated connections are never evicted, nor authenticated ones whose
+  complete answer is still being written (eviction aborts the socket, and would lose
+  the bytes not yet sent);
 * writes of one loop iteration sent together (:class:`_Coalescing`);
 * uvicorn's per-connection log turned down to debug (clients are untrusted).
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "CONNECTION_KEY",
@@ -120,6 +122,11 @@ class _Coalescing:
         self._buffer.clear()
         self._transport.abort()
 
+    @property
+    def writing(self) -> bool:
+        """Bytes written are not all handed to the socket yet (ours, or asyncio's buffer)."""
+        return bool(self._buffer) or self._transport.get_write_buffer_size() > 0
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
@@ -167,7 +174,8 @@ def connection_class() -> type:
                 """Eviction order: lower goes first; ``None`` is never evicted."""
                 if not self.owner:
                     return 1 if self.busy else 0
-                return None if self.busy else 2
+                writing = cast(_Coalescing, self.transport).writing
+                return None if self.busy or writing else 2
 
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)

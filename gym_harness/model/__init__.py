@@ -5,7 +5,7 @@ The three steps of one model call, each pure and bounded:
 * :func:`read_request` turns what the harness sent (path, query, body) into a
   :class:`ModelRequest`, whose :meth:`~ModelRequest.observation` is the policy's
   observation (``request_id``, ``api``, ``model``, ``messages``, ``tools``,
-  ``sampling``, ``stream``).
+  ``sampling``, ``stream``), or raises :class:`BadRequest` with the reason.
 * :func:`parse_action` checks the policy's action string against that request and
   returns a :class:`Completion`, or raises :class:`InvalidAction` with the reason.
 * :class:`AnswerWriter` (or :func:`encode_answer`) writes the completion in the
@@ -42,13 +42,20 @@ from gym_harness.model.endpoint import (
     SideCall,
     other_answer,
 )
-from gym_harness.model.request import MAX_REQUEST_BYTES, ModelRequest, WireTool, read_request
+from gym_harness.model.request import (
+    MAX_REQUEST_BYTES,
+    BadRequest,
+    ModelRequest,
+    WireTool,
+    read_request,
+)
 
 __all__ = [
     "MAX_REQUEST_BYTES",
     "STOP_REASONS",
     "ActionLimits",
     "AnswerWriter",
+    "BadRequest",
     "Completion",
     "EndpointConfig",
     "EndpointError",

@@ -27,6 +27,7 @@ __all__ = [
     "PendingCall",
     "WakeFlag",
     "end_answer",
+    "flush",
     "hold",
     "other_answer",
     "send_other",
@@ -224,6 +225,15 @@ def wake(call: PendingCall) -> None:
         call.timer.cancel()
     if call.exchange is not None:
         call.exchange.wake.set()
+
+
+async def flush(calls: list[PendingCall], timeout_s: float) -> None:
+    """Wake the exchanges of ``calls`` and wait (at most ``timeout_s``) until they are written."""
+    for call in calls:
+        wake(call)
+    deadline = time.monotonic() + timeout_s
+    while any(c.exchange is not None for c in calls) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
 
 
 async def start_answer(send: Any, writer: AnswerWriter, length: int | None = None) -> None:

@@ -12,7 +12,8 @@ is immutable (the caller's thread swaps the endpoint's whole value each episode)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,9 @@ from gym_harness.model.answer import AnswerWriter, error_body
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
 
-__all__ = ["MARGIN_S", "SideUpstream", "answer_side", "forward"]
+__all__ = ["MARGIN_S", "SideUpstream", "answer_side", "forward", "is_side"]
+
+logger = logging.getLogger(__name__)
 
 # Hop-by-hop and framing headers: the endpoint's server frames the relayed body itself.
 _SKIP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length"})
@@ -50,6 +53,20 @@ class SideUpstream:
     base_url: str
     token: str
     timeout_s: float
+
+
+def is_side(
+    side_call: Callable[[ModelRequest, Mapping[str, str]], bool],
+    request: ModelRequest,
+    headers: Mapping[str, str],
+) -> bool:
+    """The adapter's ``side_call`` verdict on ``request``; a call it raises on is a main
+    call (a step, not lost), and the traceback is logged."""
+    try:
+        return bool(side_call(request, headers))
+    except Exception:
+        logger.warning("model endpoint: side_call raised; treating the call as main", exc_info=True)
+        return False
 
 
 async def answer_side(

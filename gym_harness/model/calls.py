@@ -5,11 +5,13 @@ observation the policy saw (messages, tools, sampling), the completion it gave, 
 ``token_ids``/``logprobs``/``usage``, and how the exchange ended. :class:`CallLog`
 keeps them, in the order the calls arrived, under a count and a byte bound.
 :func:`retry_keys` tells a harness's retry from a new call, and :class:`ReplayTable`
-remembers recent answers so that a retry gets the same answer again.
+remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
+counts the calls the policy left past ``policy_timeout_s`` since the last answer.
 :class:`EndpointConfig` holds the endpoint's settings and these bounds.
 
-Threads: :class:`ModelCall` is immutable. :class:`CallLog` and :class:`ReplayTable`
-lock nothing themselves: their owner (``ModelEndpoint``) calls them under its lock.
+Threads: :class:`ModelCall` is immutable. :class:`CallLog`, :class:`ReplayTable` and
+:class:`Lapses` lock nothing themselves: their owner (``ModelEndpoint``) calls them under
+its lock.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gym_harness.model.answer import Usage
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
 
-__all__ = ["CallLog", "EndpointConfig", "ModelCall", "ReplayTable", "retry_keys"]
+__all__ = ["CallLog", "EndpointConfig", "Lapses", "ModelCall", "ReplayTable", "retry_keys"]
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +250,25 @@ class CallLog:
         self._bytes += size
         bisect.insort(self._calls, call, key=lambda c: c.seq)
 
+    def add_call(
+        self,
+        seq: int,
+        request_id: str,
+        request: ModelRequest | None,
+        path: str,
+        side: bool,
+        completion: Completion | None,
+        status: int,
+        error: str,
+        started: float,
+        retries: int = 0,
+    ) -> None:
+        """Keep the record of a call that ends now (:meth:`ModelCall.of`'s arguments)."""
+        record = ModelCall.of(
+            seq, request_id, request, path, side, completion, status, error, started, retries
+        )
+        self.add(record, weight(request.size if request else 0, completion))
+
     def records(self) -> list[ModelCall]:
         """The records kept (not consumed)."""
         return list(self._calls)
@@ -336,3 +357,26 @@ class ReplayTable:
         found = self._table.pop(key, None)
         if found is not None:
             self._bytes -= found[1]
+
+
+class Lapses:
+    """The calls that timed out since the last answer was delivered: a count, and the
+    request ids of the first :attr:`KEPT` of them (oldest first)."""
+
+    #: Most request ids kept (the count goes on).
+    KEPT = 16
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ids: list[str] = []
+
+    def add(self, request_id: str) -> None:
+        """Count one more call that timed out."""
+        self.count += 1
+        if len(self.ids) < self.KEPT:
+            self.ids.append(request_id)
+
+    def clear(self) -> None:
+        """Start again (an answer was delivered, or a new episode began)."""
+        self.count = 0
+        self.ids.clear()

@@ -19,16 +19,23 @@ wire format (:class:`~gym_harness.model.AnswerWriter`).
   recently answered call gets the same answer again (see docs/model-mode.md).
 * **A dropped connection** leaves its call waiting (a retry may come); delivering to it
   records the answer and keeps it for that retry.
-* **Bounds**: request bodies (413), waiting calls (``max_pending``, 429), the replay
-  table (``max_replay``), the records (count and bytes, :class:`CallLog`), connections
-  (:class:`LoopbackServer`'s cap).
+* **Malformed bodies** of a model call's path get 400 with the reason
+  (:class:`~gym_harness.model.request.BadRequest`) and never become a step.
+* **Episodes**: :meth:`~ModelEndpoint.cut` ends the episode's calls and retires its key
+  at once, so a late request of the old episode gets 401 and is recorded nowhere.
+  :meth:`~ModelEndpoint.lapses` names the calls that timed out since the last answer.
+* **Bounds**: request bodies (413, while read), waiting calls (``max_pending``, 429), the
+  replay table (``max_replay``), the records (count and bytes, :class:`CallLog`),
+  connections (:class:`LoopbackServer`'s cap; a complete answer still being written is
+  never evicted).
 
 Threads: the caller's thread owns the lifecycle (``start``/``stop``/``rotate_token``/
 ``cut``) and the policy side (``next_request``/``deliver``/``fail``/``calls``/
 ``drain``). The server thread owns one asyncio loop: the HTTP exchanges, their
 writers and the policy-timeout timers. Both share the waiting calls, the unclaimed
-queue, the wake pipe, the replay table and the records, only under ``_lock``; the
-caller reaches the loop with ``call_soon_threadsafe``/``run_coroutine_threadsafe``.
+queue, the wake pipe, the replay table, the records, the lapses, the key and its episode
+number (``_epoch``), only under ``_lock``; the caller reaches the loop with
+``call_soon_threadsafe``/``run_coroutine_threadsafe``.
 """
 
 from __future__ import annotations
@@ -43,8 +50,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gym_harness.capture.http import read_body, send_json
-from gym_harness.capture.records import api_of
+from gym_harness.capture.http import send_json
 from gym_harness.capture.secrets import swap_credentials
 from gym_harness.errors import EndpointError
 from gym_harness.lifecycle import Lifecycle
@@ -54,25 +60,26 @@ from gym_harness.model._exchange import (
     Exchange,
     PendingCall,
     WakeFlag,
+    flush,
     hold,
     other_answer,
-    send_other,
     wake,
     write_whole,
 )
-from gym_harness.model._side import SideUpstream, answer_side
+from gym_harness.model._intake import take_in, unauthorized
+from gym_harness.model._side import SideUpstream, answer_side, is_side
 from gym_harness.model.action import Completion
 from gym_harness.model.answer import AnswerWriter, Usage, error_body
 from gym_harness.model.calls import (
     Answered,
     CallLog,
     EndpointConfig,
+    Lapses,
     ModelCall,
     ReplayTable,
     retry_keys,
-    weight,
 )
-from gym_harness.model.request import ModelRequest, read_request
+from gym_harness.model.request import ModelRequest
 
 __all__ = [
     "EndpointConfig",
@@ -136,6 +143,8 @@ class ModelEndpoint(LoopbackService):
         self._open: dict[str, PendingCall] = {}  # waiting calls by request_id
         self._by_key: dict[str, PendingCall] = {}  # waiting calls by retry_keys
         self._unclaimed: collections.deque[PendingCall] = collections.deque()
+        self._lapses = Lapses()
+        self._epoch = 0  # the key's episode: a request let in under an older one is refused
         self._seq = 0
         self._ids = f"req_{uuid.uuid4().hex[:8]}_"  # request ids unique across endpoints
         self._wake = WakeFlag()
@@ -196,11 +205,12 @@ class ModelEndpoint(LoopbackService):
             ``x-goog-api-key`` or ``?key=``).
         """
         with self._lock:
-            self._replay.clear()
-            return super().rotate_token()
+            return self._new_episode()
 
     def cut(self, why: str) -> int:
-        """End every waiting call now with an API error, recording each (episode end).
+        """End the episode: every waiting call ends now with an API error, recorded, and
+        the key is retired (a request with it gets 401 and no record) until
+        :meth:`rotate_token`.
 
         Args:
             why: Goes into each record's ``error`` and the harness's error message.
@@ -212,10 +222,11 @@ class ModelEndpoint(LoopbackService):
             calls = list(self._open.values())
             for call in calls:
                 self._finish(call, failure=(504, why))
+            self._new_episode()  # a key nobody was given: the old one stops working now
         loop = self._server.loop if self._server is not None else None
         if calls and loop is not None:
             try:
-                future = asyncio.run_coroutine_threadsafe(self._flush(calls), loop)
+                future = asyncio.run_coroutine_threadsafe(flush(calls, _CUT_TIMEOUT_S / 2), loop)
                 future.result(_CUT_TIMEOUT_S)
             except Exception:  # the loop stopped meanwhile, or the writes took too long
                 logger.debug("model endpoint: cut did not finish writing", exc_info=True)
@@ -267,6 +278,7 @@ class ModelEndpoint(LoopbackService):
                 return False
             wire = usage or Usage.estimate(call.request, completion)
             self._finish(call, answer=(completion, wire))
+            self._lapses.clear()  # an answer went out after them
         self._wake_exchange(call)
         return True
 
@@ -294,7 +306,25 @@ class ModelEndpoint(LoopbackService):
         with self._lock:
             return self._log.drain()
 
+    def lapses(self) -> tuple[int, tuple[str, ...]]:
+        """The calls that timed out (``policy_timeout_s``) since the last answer delivered.
+
+        Returns:
+            How many, and the request ids of the first of them (at most
+            :attr:`Lapses.KEPT`), oldest first. :meth:`deliver`, :meth:`cut` and
+            :meth:`rotate_token` start the count again.
+        """
+        with self._lock:
+            return self._lapses.count, tuple(self._lapses.ids)
+
     # -- shared state (under _lock) -----------------------------------------------------------
+
+    def _new_episode(self) -> str:
+        """A fresh key and episode number; forget answers and lapses (holds the lock)."""
+        self._replay.clear()
+        self._lapses.clear()
+        self._epoch += 1
+        return super().rotate_token()
 
     def _set_wake(self) -> None:
         """Make the wake pipe readable exactly while an unclaimed call waits (holds the lock)."""
@@ -318,32 +348,24 @@ class ModelEndpoint(LoopbackService):
                 del self._by_key[key]
         completion = answer[0] if answer else None
         status, error = failure if failure else (200, "")
-        self._log_call(
-            call.seq, call.request, call.path, call.side, completion, status, error, call.started,
-            call.retries,
+        self._log.add_call(
+            call.seq, call.request_id, call.request, call.path, call.side, completion, status,
+            error, call.started, call.retries,
         )  # fmt: skip
         if answer is not None:
             self._replay.put(call.keys, Answered(*answer, call.answer_id, call.created, call.seq))
         self._set_wake()
 
-    def _log_call(
-        self,
-        seq: int,
-        request: ModelRequest | None,
-        path: str,
-        side: bool,
-        completion: Completion | None,
-        status: int,
-        error: str,
-        started: float,
-        retries: int = 0,
-    ) -> None:
-        """Keep the record of a call that ended (holds the lock)."""
+    def _log_call(self, epoch: int, seq: int, request: ModelRequest | None, path: str,
+                  side: bool, completion: Completion | None, status: int, error: str,
+                  started: float) -> None:  # fmt: skip
+        """Keep the record of a call that never waited, unless its episode ended (takes the
+        lock): what reaches the endpoint after the cut is in no trajectory."""
         request_id = request.request_id if request else f"{self._ids}{seq}"
-        record = ModelCall.of(
-            seq, request_id, request, path, side, completion, status, error, started, retries
-        )
-        self._log.add(record, weight(request.size if request else 0, completion))
+        with self._lock:
+            if epoch == self._epoch:
+                self._log.add_call(seq, request_id, request, path, side, completion, status,
+                                   error, started)  # fmt: skip
 
     def _next_seq(self) -> int:
         with self._lock:
@@ -366,60 +388,49 @@ class ModelEndpoint(LoopbackService):
         method, path = scope["method"], scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-        _, _, ok = swap_credentials(self._token, None, headers, query, method, path)
+        with self._lock:  # the key and its episode, read together
+            token, epoch = self._token, self._epoch
+        _, _, ok = swap_credentials(token, None, headers, query, method, path)
         if not ok:
-            message = "missing or wrong model endpoint key; send the key rotate_token() gave"
-            await send_json(send, 401, error_body(api_of(path), 401, message))
+            await unauthorized(send, path)
             return
         self.last_activity = time.monotonic()  # a sign of life only from the key's holder
         conn = scope.get("state", {}).get(CONNECTION_KEY)
         if conn is not None:
-            conn.owner = self._token  # authenticated: never evicted while busy
-        body, size, problem = await read_body(receive, headers, self.config.max_request_bytes)
-        if problem == "client_closed":
-            return
-        if problem:
-            why = f"request body of {size} bytes or more is over the endpoint's limit of "
-            why += f"{self.config.max_request_bytes} bytes (ModelEndpoint max_request_bytes)"
-            with self._lock:
-                self._seq += 1
-                self._log_call(self._seq, None, path, False, None, 413, why, started)
-            await send_json(send, 413, error_body(api_of(path), 413, why), close=True)
-            return
+            conn.owner = token  # authenticated: never evicted while busy
         seq = self._next_seq()
-        request = read_request(path, body, query=query, request_id=f"{self._ids}{seq}")
-        if method != "POST" or request is None:
-            await send_other(send, method, path)
+        taken = await take_in(
+            receive, send, scope, headers, limit=self.config.max_request_bytes,
+            request_id=f"{self._ids}{seq}",
+            refused=lambda status, why: self._log_call(
+                epoch, seq, None, path, False, None, status, why, started
+            ),
+        )  # fmt: skip
+        if taken is None:
             return
+        request, body = taken
         hdrs = dict(headers)
-        try:
-            side = bool(self.side_call(request, hdrs))
-        except Exception:  # the adapter's test failed: the call is a step, not lost
-            logger.warning(
-                "model endpoint: side_call raised; treating the call as main", exc_info=True
-            )
-            side = False
+        side = is_side(self.side_call, request, hdrs)
         if side and self.config.model_calls == "main":
             side_upstream = self.side_upstream
 
             def record(completion: Completion | None, status: int, error: str) -> None:
-                with self._lock:
-                    self._log_call(seq, request, path, True, completion, status, error, started)
+                self._log_call(epoch, seq, request, path, True, completion, status, error, started)
 
             await answer_side(
                 send, request, scope, body, side=side_upstream,
-                side_answer=self.config.side_answer, own_token=self._token, record=record,
+                side_answer=self.config.side_answer, own_token=token, record=record,
             )  # fmt: skip
             if side_upstream is not None:
                 self.last_activity = time.monotonic()  # the harness has its answer
             return
-        await self._main(send, receive, seq, request, path, side, hdrs, conn)
+        await self._main(send, receive, (seq, epoch), request, path, side, hdrs, conn)
 
     async def _main(
         self,
         send: Any,
         receive: Any,
-        seq: int,
+        order: tuple[int, int],
         request: ModelRequest,
         path: str,
         side: bool,
@@ -430,14 +441,15 @@ class ModelEndpoint(LoopbackService):
         retry = headers.get("x-stainless-retry-count", "0").strip() not in ("", "0")
         key = talk if retry else exact
         replay: Answered | None = None
+        (seq, epoch), stale = order, False
         with self._lock:
             call = self._by_key.get(key)
             if call is None:
                 replay = self._replay.get(key)
-            if call is None and replay is None:
-                if len(self._open) >= self.config.max_pending:
-                    call = None
-                else:
+            if epoch != self._epoch:  # its episode ended while it was read: never a step
+                call, replay, stale = None, None, True
+            elif call is None and replay is None:
+                if len(self._open) < self.config.max_pending:
                     call = PendingCall(seq, request, path, side)
                     call.keys = (exact, talk)
                     call.timer = asyncio.get_running_loop().call_later(
@@ -450,26 +462,21 @@ class ModelEndpoint(LoopbackService):
                     self._set_wake()
             elif call is not None:
                 call.retries += 1
-        if replay is not None:
-            await self._replay_answer(send, request, replay)
-            return
-        if call is None:
-            why = f"{self.config.max_pending} model calls already wait for the policy (max_pending)"
-            with self._lock:
-                self._log_call(seq, request, path, side, None, 429, why, time.time())
-            await send_json(send, 429, error_body(request.api, 429, why))
-            return
-        await self._serve(call, Exchange(send, request, call, conn), receive)
-
-    async def _replay_answer(self, send: Any, request: ModelRequest, replay: Answered) -> None:
-        writer = AnswerWriter(request)
-        writer.answer_id, writer.created = replay.answer_id, replay.created
-        await write_whole(send, writer, replay.completion, replay.usage)
-        self.last_activity = time.monotonic()
-
-    async def _serve(self, call: PendingCall, ex: Exchange, receive: Any) -> None:
-        if await hold(call, ex, receive, self.config.keepalive_s):
+        if stale:
+            await unauthorized(send, path)
+        elif replay is not None:
+            writer = AnswerWriter(request)
+            writer.answer_id, writer.created = replay.answer_id, replay.created
+            await write_whole(send, writer, replay.completion, replay.usage)
             self.last_activity = time.monotonic()
+        elif call is None:
+            why = f"{self.config.max_pending} model calls already wait for the policy (max_pending)"
+            self._log_call(epoch, seq, request, path, side, None, 429, why, time.time())
+            await send_json(send, 429, error_body(request.api, 429, why))
+        else:
+            exchange = Exchange(send, request, call, conn)
+            if await hold(call, exchange, receive, self.config.keepalive_s):
+                self.last_activity = time.monotonic()
 
     def _expire(self, call: PendingCall) -> None:
         why = f"the policy did not answer within policy_timeout_s={self.config.policy_timeout_s}s"
@@ -477,12 +484,5 @@ class ModelEndpoint(LoopbackService):
             if call.finished:
                 return
             self._finish(call, failure=(504, why))
+            self._lapses.add(call.request_id)
         wake(call)
-
-    async def _flush(self, calls: list[PendingCall]) -> None:
-        """Wake the exchanges of ``calls`` and wait (bounded) until they are written."""
-        for call in calls:
-            wake(call)
-        deadline = time.monotonic() + _CUT_TIMEOUT_S / 2
-        while any(c.exchange is not None for c in calls) and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)

@@ -27,11 +27,40 @@ from typing import Any
 
 from gym_harness.capture.chat_format import exchange_messages, exchange_tools
 from gym_harness.capture.records import api_of
+from gym_harness.utils import bounded_json
 
-__all__ = ["MAX_REQUEST_BYTES", "ModelRequest", "WireTool", "read_request"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "MAX_REQUEST_DEPTH",
+    "BadRequest",
+    "ModelRequest",
+    "WireTool",
+    "read_request",
+]
 
 #: Largest request body read (a long agent conversation is a few MB; this bounds memory).
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: Deepest nesting of a request body's JSON. Real requests stay far below it (tool schemas,
+#: and tool-call arguments, which an action may nest 64 deep: ``ActionLimits.max_depth``).
+MAX_REQUEST_DEPTH = 256
+#: Where each API carries the conversation: a list of message (item) objects.
+_CONVERSATION = {
+    "chat": "messages",
+    "anthropic": "messages",
+    "responses": "input",
+    "gemini": "contents",
+}
+
+
+class BadRequest(ValueError):
+    """A model call whose body is no request of its API (the endpoint answers 400).
+
+    The message says what is wrong: the body is empty, not UTF-8, not JSON, nested
+    deeper than :data:`MAX_REQUEST_DEPTH`, no JSON object, or its conversation
+    (``messages``, ``input``, ``contents``) is no list of message objects.
+    """
+
+
 _GEMINI_MODEL = re.compile(r"/models/([^/:]+):")
 _CUSTOM_INPUT = "input"
 
@@ -112,16 +141,18 @@ def read_request(
         request_id: The id to put in the observation.
 
     Returns:
-        The request, or ``None`` when it is no model call (another path, a body that is
-        not a JSON object, or one over :data:`MAX_REQUEST_BYTES`): the endpoint answers
-        those itself (a 404, a 400) and they never become a step.
+        The request, or ``None`` when the path is no model call (``/``, a model list,
+        token counts): the endpoint answers those itself and they never become a step.
+
+    Raises:
+        BadRequest: The path is a model call's but the body is none (see
+            :class:`BadRequest`); the endpoint answers 400 with the message.
     """
     api = api_of(path)
     if api == "other":
         return None
     parsed = _parse_body(body)
-    if parsed is None:
-        return None
+    _check_conversation(api, parsed)
     stream = parsed.get("stream") is True
     sse = stream
     model = str(parsed.get("model") or "")
@@ -135,10 +166,12 @@ def read_request(
         raw = {"api": api, "request": normal, "outcome": "pending"}
         messages, tools = exchange_messages(raw), exchange_tools(raw)
         sampling = _SAMPLING[api](parsed)
-    except (AttributeError, TypeError, ValueError, KeyError, RecursionError):
-        # A body of the right API with parts of the wrong shape (a string where a
-        # message object belongs): no model call we can show the policy.
-        return None
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as exc:
+        # A body of the right API with parts of the wrong shape (a string where a tool
+        # call object belongs): no model call we can show the policy.
+        raise BadRequest(
+            f"the {api} request has a part of the wrong shape ({type(exc).__name__}: {exc})"
+        ) from exc
     return ModelRequest(
         request_id=request_id,
         api=api,
@@ -154,16 +187,59 @@ def read_request(
     )
 
 
-def _parse_body(body: bytes | dict[str, Any]) -> dict[str, Any] | None:
+def _parse_body(body: bytes | dict[str, Any]) -> dict[str, Any]:
+    """The body as a JSON object, parsed under the bounds; else :class:`BadRequest`."""
     if isinstance(body, dict):
         return body
+    if not body.strip():
+        raise BadRequest("the request body is empty; a model call is a JSON object")
     if len(body) > MAX_REQUEST_BYTES:
-        return None
+        raise BadRequest(f"the request body is over {MAX_REQUEST_BYTES} bytes")
     try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return parsed if isinstance(parsed, dict) else None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the request body is binary, not UTF-8 text (byte {exc.start}); "
+            "a model call is a JSON object"
+        ) from exc
+    try:
+        parsed = bounded_json.loads(text, MAX_REQUEST_DEPTH)
+    except bounded_json.JSONBoundError as exc:
+        raise BadRequest(f"the request body is {exc}") from exc
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise BadRequest(
+            f"the request body is a JSON {_json_kind(parsed)}; a model call is a JSON object"
+        )
+    return parsed
+
+
+def _check_conversation(api: str, body: dict[str, Any]) -> None:
+    """Refuse a conversation that is no list of message objects (it would read as none)."""
+    key = _CONVERSATION[api]
+    conversation = body.get(key)
+    if api == "responses" and isinstance(conversation, str):
+        return  # Responses takes a plain string as the one user message
+    if not isinstance(conversation, list):
+        got = "missing" if key not in body else f"a JSON {_json_kind(conversation)}"
+        raise BadRequest(f"{key!r} must be a list of message objects, got {got}")
+    for index, message in enumerate(conversation):
+        if not isinstance(message, dict):
+            raise BadRequest(
+                f"{key!r} must be a list of message objects; item {index} is a JSON "
+                f"{_json_kind(message)}"
+            )
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type ("array", "string", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    kinds = ((dict, "object"), (list, "array"), (str, "string"), (int | float, "number"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 # -- normalising Responses tool shapes ---------------------------------------------------------

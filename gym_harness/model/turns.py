@@ -6,6 +6,13 @@ model call waits for the policy: that call is the observation. ``step(action)`` 
 it and runs the turn on to the next call or to the turn's end. At a turn's end
 ``user_fn(trajectory)`` may send the next user message; otherwise the episode ends.
 
+An answer that did not reach the harness is never shown or scored as delivered. One
+that comes after ``policy_timeout_s`` (the harness got the endpoint's 504 instead) ends
+the episode at once as ``policy_timeout``, and the conversation stays what the harness
+really got. So does a turn that ends "cleanly" (or with the harness's own error) while
+a call of it timed out and no later answer was delivered (the endpoint's ``lapses``):
+some harnesses, Gemini CLI among them, end their turn as if done after API errors.
+
 Threads: the caller's thread only; the endpoint serves the harness from its own.
 """
 
@@ -18,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
-from gym_harness.events import HarnessEvent, TurnResult
+from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.model.action import InvalidAction, assistant_message
 from gym_harness.outcome import Outcome
 from gym_harness.trajectory import TurnRecord
@@ -30,11 +37,14 @@ if TYPE_CHECKING:
     from gym_harness.trajectory import Trajectory
     from gym_harness.turn import TurnRunner
 
-__all__ = ["Episode", "ModelTurns", "UserFn", "model_options"]
+__all__ = ["Episode", "ModelTurns", "NextMessage", "UserFn", "model_options"]
 
 #: ``user_fn(trajectory) -> str | None``: the next user message once a turn ends, or
 #: ``None`` to end the episode.
 UserFn = Callable[["Trajectory"], "str | None"]
+#: The env's guarded ``user_fn``: ``(message or None, Outcome.OK, "")``, or
+#: ``(None, Outcome.USER_FN_ERROR, why)`` when it raised or returned no str.
+NextMessage = Callable[["Trajectory"], "tuple[str | None, Outcome, str]"]
 
 
 def model_options(
@@ -86,11 +96,12 @@ class ModelTurns:
 
     Args:
         endpoint: The env's model endpoint (started, its key given to this episode).
-        user_fn: ``user_fn(trajectory) -> str | None`` at each turn's end, or ``None``.
+        user_fn: The env's guarded ``user_fn`` (:data:`NextMessage`), run at each turn's
+            end, or ``None``.
     """
 
     endpoint: ModelEndpoint
-    user_fn: UserFn | None = None
+    user_fn: NextMessage | None = None
     #: The main model call the policy holds (the observation), if any.
     pending: PendingCall | None = None
     #: The messages of the last call answered, with its answer (the transcript so far).
@@ -103,7 +114,9 @@ class ModelTurns:
     shown: int = 0
 
     @classmethod
-    def serve(cls, harness: Harness, options: EndpointConfig, user_fn: UserFn | None) -> ModelTurns:
+    def serve(
+        cls, harness: Harness, options: EndpointConfig, user_fn: NextMessage | None
+    ) -> ModelTurns:
         """Start an endpoint whose side calls are the ones ``harness`` names."""
         from gym_harness.model.endpoint import ModelEndpoint
 
@@ -132,7 +145,7 @@ class ModelTurns:
 
         A turn that ends is recorded and scored (``episode.finish``); ``user_fn`` may then
         start the next, whose first call is this step's observation (with the ended
-        turn's reward).
+        turn's reward). A ``user_fn`` that fails ends the episode as ``user_fn_error``.
 
         Returns:
             The observation, and the step's record: the turn's own when it ended the
@@ -149,11 +162,15 @@ class ModelTurns:
             elapsed = time.monotonic() - start
             record = episode.finish(turn, self.message, result, started_at, elapsed)
             if not (record.terminated or record.truncated or runner is None):
-                if (message := self.next_turn(trajectory)) is not None:
+                message, outcome, why = self.next_turn(trajectory)
+                if message is not None:
                     reward, turn = record.reward, turn + 1
                     result = self.run(runner, message, episode.deadline)
                     continue
-                trajectory.turns[-1] = record = replace(record, terminated=True)
+                record = replace(record, terminated=True)
+                if outcome:  # the turn stays scored; the episode ends on user_fn's fault
+                    record = replace(record, error_type=outcome.value, error=why)
+                trajectory.turns[-1] = record
             return self.observation(), replace(record, events=self.new_events(record.events))
         assert runner is not None
         step = TurnResult(events=self.new_events(runner.paused_events))
@@ -198,19 +215,22 @@ class ModelTurns:
             ended, self.ended = self.ended, None
             return ended or TurnResult(error_type=Outcome.PROTOCOL_ERROR, error="no model call")
         try:
-            self.answer(action)
+            lost = self.answer(action)
         except InvalidAction as exc:
             return invalid_action(exc, runner.paused_events)
+        if lost:  # too late: the harness got an API error instead, and is stopped
+            return self.timed_out(runner, runner.paused_events, lost)
         return self.run(runner, None, deadline)
 
-    def next_turn(self, trajectory: Trajectory) -> str | None:
-        """After a turn's end: ``user_fn``'s next user message, or ``None`` to end."""
-        message = None if self.user_fn is None else self.user_fn(trajectory)
+    def next_turn(self, trajectory: Trajectory) -> tuple[str | None, Outcome, str]:
+        """After a turn's end: ``user_fn``'s next user message, or ``None`` to end (with
+        ``user_fn_error`` and why, when it failed)."""
+        if self.user_fn is None:
+            return None, Outcome.OK, ""
+        message, outcome, why = self.user_fn(trajectory)
         if message is not None:
-            if not isinstance(message, str):
-                raise TypeError(f"user_fn must return a str or None, got {type(message)!r}.")
             self.message, self.shown = message, 0
-        return message
+        return message, outcome, why
 
     def new_events(self, events: tuple[HarnessEvent, ...]) -> tuple[HarnessEvent, ...]:
         """The events of the turn that no earlier step reported."""
@@ -228,14 +248,18 @@ class ModelTurns:
         while True:
             result = runner.run_until_call(message, deadline, self.endpoint)
             if result is not None:
-                return result
+                return self.unanswered(runner, result)
             self.pending = self.endpoint.next_request()
             if self.pending is not None:
                 return None
             message = None  # the call ended before it was claimed (cut, timed out): go on
 
-    def answer(self, action: str) -> None:
+    def answer(self, action: str) -> str:
         """Deliver ``action`` as the answer to the pending call.
+
+        Returns:
+            ``""`` once delivered; else why it was not (the call timed out before: the
+            harness got an API error instead, and the transcript keeps no answer).
 
         Raises:
             InvalidAction: ``action`` is no valid completion of that call; the call is
@@ -249,8 +273,67 @@ class ModelTurns:
         except InvalidAction as exc:
             self.endpoint.fail(call.request_id, f"invalid action: {exc}")
             raise
+        if not self.endpoint.deliver(call.request_id, completion):
+            return self.too_late(call)
         self.messages = [*call.observation["messages"], assistant_message(completion)]
-        self.endpoint.deliver(call.request_id, completion)
+        return ""
+
+    def too_late(self, call: PendingCall) -> str:
+        """Why the answer to ``call`` was not delivered: how late it came, what the
+        harness got instead, and how many more calls timed out meanwhile."""
+        limit = self.endpoint.config.policy_timeout_s
+        took = time.time() - call.started
+        status, error = call.failure or (504, "")
+        count, ids = self.endpoint.lapses()
+        why = (
+            f"the policy answered model call {call.request_id} {took:.1f}s after it arrived, "
+            f"{max(took - limit, 0.0):.1f}s past policy_timeout_s={limit:g}: the harness got an "
+            f"API error ({status}: {error}) instead, and the answer was not delivered"
+        )
+        if (more := count - (call.request_id in ids)) > 0:
+            why += f"; {more} more model call(s) (the harness's retries) timed out meanwhile"
+        return why + ". The harness is stopped; answer sooner, or raise policy_timeout_s."
+
+    def unanswered(self, runner: TurnRunner, result: TurnResult) -> TurnResult:
+        """``result``, or ``policy_timeout`` for a turn the harness ended cleanly (or with
+        its own error) while a call of it had timed out and no later answer went out."""
+        if result.error_type not in (Outcome.OK, Outcome.HARNESS_ERROR):
+            return result
+        count, ids = self.endpoint.lapses()
+        if not count:
+            return result
+        limit = self.endpoint.config.policy_timeout_s
+        more = f" ({count - 1} more after it)" if count > 1 else ""
+        ended = f"with its own error: {result.error}" if result.error_type else "as if done"
+        why = (
+            f"model call {ids[0]}{more} got no answer within policy_timeout_s={limit:g}: the "
+            f"harness got an API error (504) instead, no later answer was delivered, and it "
+            f"ended the turn {ended}"
+        )
+        return self.timed_out(runner, result.events, why, result.response)
+
+    def timed_out(
+        self,
+        runner: TurnRunner,
+        events: tuple[HarnessEvent, ...],
+        why: str,
+        response: str | None = None,
+    ) -> TurnResult:
+        """The turn's end as ``policy_timeout``, with an ``error`` event that says why."""
+        event = HarnessEvent(
+            EventType.ERROR, {"error_type": Outcome.POLICY_TIMEOUT.value, "message": why}
+        )
+        runner.emit(event)
+        if response is None:  # what the harness said before the call it got no answer to
+            response = "".join(
+                str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT
+            )
+        return TurnResult(
+            response=response,
+            events=(*events, event),
+            error_type=Outcome.POLICY_TIMEOUT,
+            error=why,
+        )
 
     def observation(self) -> str:
         """The pending call's observation; after the last one, the final transcript."""

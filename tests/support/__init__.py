@@ -33,5 +33,6 @@ HARNESS_SCRIPT = SUPPORT / "scripts" / "harness.py"
 HOSTILE_SCRIPT = SUPPORT / "scripts" / "hostile.py"
 #: A process that owns an env and reports on it (the containment tests).
 OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
-#: A line-protocol harness whose model is the env (model mode; ``side``/``stall`` words).
+#: A line-protocol harness whose model is the env (model mode; ``side``/``stall``/``retry``
+#: words, ``--ask-at-start``).
 MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"

@@ -1,7 +1,7 @@
 """A line-protocol harness whose model is the env (the Command harness of the model-mode tests).
 
-Usage: ``python model_agent.py``. Each user message runs a ReAct loop: a Chat Completions
-call to ``$GYM_HARNESS_MODEL_BASE_URL/v1/chat/completions`` (key
+Usage: ``python model_agent.py [--ask-at-start]``. Each user message runs a ReAct loop:
+a Chat Completions call to ``$GYM_HARNESS_MODEL_BASE_URL/v1/chat/completions`` (key
 ``$GYM_HARNESS_MODEL_API_KEY``, model ``main``) offering the bridge's tools; each tool
 call of the answer runs over the MCP bridge (``gym_harness.agents._mcp_tools``, the
 reference agent's client) and its result goes back as a ``tool`` message; a text
@@ -10,6 +10,11 @@ answer ends the turn. Words in the user message ask for more:
     "side"   first make a side call (model ``gym-side``, no tools), as a title call would;
              its answer, or "failed STATUS", is shown as ``[title: ...]``
     "stall"  after the first answer, go silent forever (a harness stuck after the answer)
+    "retry"  on an API error, send the same call again (up to 5 times, 0.1 s apart), then
+             end the turn as if done, saying so (as Gemini CLI does after its retries)
+
+With ``--ask-at-start`` it makes one main call before it says ``ready``; when that call
+fails, every turn ends at once, as if done, with the status as its reply.
 """
 
 from __future__ import annotations
@@ -45,8 +50,15 @@ class Agent:
         self.messages: list[dict[str, Any]] = []
         self.functions: list[dict[str, Any]] | None = None
 
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        reply = self.http.post(self.url, json=body)
+    def complete(self, body: dict[str, Any], retries: int = 0) -> dict[str, Any] | None:
+        """The answer's message; ``None`` once ``retries`` retries failed too."""
+        for attempt in range(retries + 1):
+            reply = self.http.post(self.url, json=body)
+            if reply.status_code == 200 or attempt == retries:
+                break
+            time.sleep(0.1)
+        if reply.status_code != 200 and retries:
+            return None
         reply.raise_for_status()
         message: dict[str, Any] = reply.json()["choices"][0]["message"]
         return message
@@ -79,7 +91,10 @@ class Agent:
         self.messages.append({"role": "user", "content": content})
         body = {"model": "main", "messages": self.messages, "tools": self.tool_functions()}
         while True:
-            message = self.complete(body)
+            message = self.complete(body, retries=5 if "retry" in content else 0)
+            if message is None:
+                emit({"type": "turn_complete", "response": "the model failed", "done": False})
+                return
             if "stall" in content:
                 time.sleep(3600)
             calls = message.get("tool_calls") or []
@@ -103,11 +118,19 @@ class Agent:
 
 def main() -> int:
     agent = Agent()
+    status = 200
+    if "--ask-at-start" in sys.argv[1:]:
+        warm_up = {"model": "main", "messages": [{"role": "user", "content": "warm up"}]}
+        status = agent.http.post(agent.url, json=warm_up).status_code
     emit({"type": "ready"})
     try:
         for line in sys.stdin:
-            if line.strip():
-                agent.turn(json.loads(line)["content"])
+            if not line.strip():
+                continue
+            if status != 200:
+                emit({"type": "turn_complete", "response": f"model error {status}", "done": False})
+                continue
+            agent.turn(json.loads(line)["content"])
     finally:
         agent.tools.close()
         agent.http.close()
