@@ -128,12 +128,16 @@ class HarnessVectorEnv(AsyncVectorEnv):
         seeds = batch_seeds(seed, self.num_envs)
         options = None if options is None else dict(options)
         self._mask = pop_reset_mask(options, self.num_envs)
-        for i in map(int, np.flatnonzero(self._mask)):
-            if self._lost[i]:
-                self._restart(i)
-            self._unreported[i] = ""  # a new episode: the lost one needs no report
-            self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
-            self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+        try:
+            for i in map(int, np.flatnonzero(self._mask)):
+                if self._lost[i]:
+                    self._restart(i)
+                self._unreported[i] = ""  # a new episode: the lost one needs no report
+                self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
+                self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+        except BaseException:
+            self._abandon_pending()  # whatever was sent is answered to nobody
+            raise
         self._state = AsyncState.WAITING_RESET
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
@@ -233,10 +237,7 @@ class HarnessVectorEnv(AsyncVectorEnv):
     def call_async(self, name: str, /, *args: object, **kwargs: object) -> None:
         """Call ``name`` (a method or attribute) in every sub-env (dead workers replaced first)."""
         self._check_idle("call_async")
-        self._replace_lost()
-        for i in range(self.num_envs):
-            self._send(i, ("_call", (name, args, kwargs)), _CALL)
-        self._state = AsyncState.WAITING_CALL
+        self._send_all([("_call", (name, args, kwargs))] * self.num_envs)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The results of ``call_async``, one per sub-env.
@@ -261,18 +262,13 @@ class HarnessVectorEnv(AsyncVectorEnv):
                 "Values must be a list or tuple with length equal to the number of "
                 f"environments. Got `{len(values)}` values for {self.num_envs} environments."
             )
-        self._replace_lost()
-        for i, value in enumerate(values):
-            self._send(i, ("_setattr", (name, value)), _CALL)
-        self._state = AsyncState.WAITING_CALL
+        self._send_all([("_setattr", (name, value)) for value in values])
         self._answers(self._collect("set_attr", None))
 
     def _check_spaces(self) -> None:
         """Check every sub-env has the first one's spaces (gymnasium's __init__ calls this)."""
         spaces = (self.single_observation_space, self.single_action_space)
-        for i in range(self.num_envs):
-            self._send(i, ("_check_spaces", spaces), _CALL)
-        self._state = AsyncState.WAITING_CALL
+        self._send_all([("_check_spaces", spaces)] * self.num_envs)
         answers = self._answers(self._collect("__init__", None))
         same_observation, same_action = zip(*answers, strict=True)
         if not all(same_observation):
@@ -323,11 +319,18 @@ class HarnessVectorEnv(AsyncVectorEnv):
                 state.value,
             )
 
-    def _replace_lost(self) -> None:
-        """Fresh workers for dead ones; their sub-envs' next steps reset them."""
-        for i, lost in enumerate(self._lost):
-            if lost:
-                self._restart(i)
+    def _send_all(self, messages: Sequence[tuple[str, Any]]) -> None:
+        """Send sub-env ``i`` ``messages[i]`` as a call, fresh workers first for dead ones
+        (their sub-envs' next steps reset them)."""
+        try:
+            for i, message in enumerate(messages):
+                if self._lost[i]:
+                    self._restart(i)
+                self._send(i, message, _CALL)
+        except BaseException:
+            self._abandon_pending()
+            raise
+        self._state = AsyncState.WAITING_CALL
 
     def _send(self, i: int, message: tuple[str, Any], kind: str) -> None:
         """Send one command to sub-env ``i``'s worker; a dead worker is marked lost."""
