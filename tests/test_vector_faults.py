@@ -202,9 +202,11 @@ def test_a_dead_workers_harness_and_workspace_go_at_once_and_a_fresh_worker_goes
 
 @pytest.mark.timeout(120)
 def test_a_worker_that_died_between_steps_is_found_by_a_call_then_reported() -> None:
+    before = descendants()
     envs = make("default")
     try:
         envs.reset(seed=0)
+        roots = roots_of(envs)
         assert isinstance(envs, HarnessVectorEnv)
         worker = envs.processes[1]
         os.kill(worker.pid, signal.SIGKILL)  # idle: no call is waiting for it
@@ -218,22 +220,30 @@ def test_a_worker_that_died_between_steps_is_found_by_a_call_then_reported() -> 
         assert list(info["error_type"]) == ["", "worker_lost", ""]
         obs, _ = envs.reset(seed=1)
         assert list(obs) == ["", "", ""]
-        assert all(w is not None for w in envs.get_attr("workspace"))  # a fresh worker
+        roots += roots_of(envs)  # (a fresh worker for sub-env 1, reset)
         obs, *_ = envs.step(np.array(["x", "y", "z"], dtype=object))
         assert list(obs) == ["echo: x", "echo: y", "echo: z"]
+        pids = descendants() - before
     finally:
         close_within(envs, CLOSE_BOUND_S)
+    assert_nothing_left(pids, roots)
 
 
 @pytest.mark.timeout(60)
 def test_an_envs_exception_is_raised_with_the_workers_traceback_and_the_worker_goes_on() -> None:
+    before = descendants()
     envs = make("default", num_envs=2)
     try:
         envs.reset(seed=0)
+        roots = roots_of(envs)
+        workers = [p.pid for p in envs.processes]
         with pytest.raises(TypeError, match="the action must be a str") as e:
             envs.step(np.array(["a", 3], dtype=object))
         assert "raised in the vector worker of sub-env 1" in "\n".join(e.value.__notes__)
         obs, *_ = envs.step(np.array(["b", "c"], dtype=object))
         assert list(obs) == ["echo: b", "echo: c"]
+        assert [p.pid for p in envs.processes] == workers
+        pids = descendants() - before
     finally:
         close_within(envs, CLOSE_BOUND_S)
+    assert_nothing_left(pids, roots)
