@@ -55,6 +55,7 @@ from gym_harness.registration import register_envs
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks
 from gym_harness.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
+from gym_harness.vector.async_env import HarnessVectorEnv
 from gym_harness.vector.factory import make_vector_env
 
 if typing.TYPE_CHECKING:
@@ -105,6 +106,7 @@ __all__ = [
     "HarnessProcess",
     "HarnessSession",
     "HarnessStartError",
+    "HarnessVectorEnv",
     "Launch",
     "Lifecycle",
     "Liveness",

@@ -14,7 +14,7 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── ToolConflictError      env tools clash (reserved, duplicate, unresolvable)
     ├── CaptureError           the model proxy could not start or forward
     ├── CallbackError          the user's on_event callback raised (the turn was kept)
-    └── WorkerLost             a rollout worker died mid-episode (its record says so)
+    └── WorkerLost             a vector worker or Ray actor died (``index`` names the sub-env)
 
 Harness faults inside ``reset``/``step`` become outcomes (``info["error_type"]``),
 not exceptions; these classes carry the same facts where an exception is the
@@ -122,4 +122,31 @@ class CallbackError(HarnessError):
 
 
 class WorkerLost(HarnessError):
-    """A rollout worker died mid-episode (a Ray actor lost); the rollout records it and goes on."""
+    """A sub-env's worker process (a vector env's worker, a Ray actor) died.
+
+    A step reports such a death as an outcome (``info["error_type"] == "worker_lost"``)
+    and the worker is replaced; this is raised where no step can report it: a reset
+    whose worker died twice, a ``call``/``get_attr``/``set_attr`` whose worker died,
+    a rollout episode whose actor died (the rollout records it and goes on).
+
+    Args:
+        message: Which sub-env, which worker, how it ended.
+        index: The sub-env's index in its vector env (``None`` outside one).
+        exit_code: The worker's exit status (``-N`` for signal N), if known.
+        pid: The worker's process id, if known.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        index: int | None = None,
+        exit_code: int | None = None,
+        stderr_tail: str = "",
+        pid: int | None = None,
+    ) -> None:
+        super().__init__(message, exit_code=exit_code, stderr_tail=stderr_tail, pid=pid)
+        self.index = index
+
+    def _extras(self) -> dict[str, Any]:
+        return {**super()._extras(), "index": self.index}

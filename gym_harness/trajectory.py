@@ -40,7 +40,7 @@ class StepInfo(TypedDict):
         elapsed_s: Seconds the turn took (0.0 at ``reset``).
         exit_code: The harness's own exit status when it exited by itself or was killed
             by someone else (``-N`` for signal N); 0 while it runs or when the env stopped
-            it; -1 when unknown (its Ray worker was lost).
+            it; -1 when unknown (its worker was lost: a vector worker, a Ray actor).
         stderr_tail: The last lines of the harness's stderr.
         episode_id: The episode's id (``Trajectory.episode_id``).
         task_id: The episode's task id, ``""`` without a task.

@@ -13,7 +13,9 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -74,6 +76,14 @@ def gone(pids: list[int], timeout: float = 15.0) -> bool:
     return not alive
 
 
+def removed(path: Path, timeout: float = 15.0) -> bool:
+    """Whether ``path`` is gone within ``timeout`` (polled)."""
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not path.exists()
+
+
 def comparable(info: dict[str, Any]) -> dict[str, list[Any]]:
     """The deterministic part of stacked infos (no timings, ids, stderr)."""
     keys = ("turn", "error_type", "tool_calls", "task_id", "exit_code")
@@ -131,8 +141,11 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
         obs, *_ = envs.step(np.array(["a", "b"], dtype=object))
         assert list(obs) == ["echo: a", "echo: b"]
         before = envs.worker_info()
+        root = Path(before[1]["workspace"]).parent.parent  # the actor env's gym_harness-* dir
+        assert root.is_dir() and Path(before[0]["workspace"]).is_dir()
         ray.kill(envs.actors[1])  # mid-episode; the kill is asynchronous: wait for it
         assert gone([before[1]["pid"], before[1]["harness_pid"]])  # the harness died with it
+        assert removed(root)  # by its keeper: the actor never ran close()
         obs, rewards, terminated, truncated, info = envs.step(np.array(["c", "d"], dtype=object))
         assert list(obs) == ["echo: c", ""] and rewards[1] == 0.0
         assert list(terminated) == [False, True] and not truncated.any()

@@ -29,6 +29,7 @@ from gym_harness import (
     TurnLimits,
     TurnResult,
     TurnTimeout,
+    WorkerLost,
 )
 from gym_harness.config import INTERRUPT_GRACE_S
 
@@ -42,6 +43,7 @@ ERRORS = [
     BridgeError,
     ToolConflictError,
     CaptureError,
+    WorkerLost,
 ]
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False)
@@ -96,6 +98,13 @@ def test_every_exception_pickles_with_its_extras(cls: type[HarnessError]) -> Non
 def test_config_error_is_also_a_value_error() -> None:
     with pytest.raises(ValueError, match="stop_grace_s"):
         HarnessConfig(stop_grace_s=0)
+
+
+def test_worker_lost_pickles_with_the_sub_envs_index() -> None:
+    exc = WorkerLost("the vector worker of sub-env 2 was killed", index=2, exit_code=-9, pid=7)
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is WorkerLost
+    assert (back.message, back.index, back.exit_code, back.pid) == (exc.message, 2, -9, 7)
 
 
 @given(configs)

@@ -10,8 +10,10 @@ node: the harness CLIs (and gym_harness itself) must be installed on every node.
 An actor that dies (its node lost, ``ray.kill``, an out-of-memory kill) is an
 outcome, not an exception: its step reports ``terminated`` with
 ``info["error_type"] == "worker_lost"``, and a fresh actor replaces it at the
-next reset. The harness of a killed actor dies with it (parent-death signal and
-keeper, as for any owner of a ``HarnessProcess``).
+next reset. The harness of a killed actor dies with it and its workspace is
+removed (by its keeper, as for any owner of a ``HarnessProcess`` that dies): the
+actors run with Ray's ``RAY_kill_child_processes_on_worker_exit`` off, since with it
+an exiting Ray worker SIGKILLs its direct children, the keepers, before they can.
 
 Large inputs go through the object store: ``ray.put`` stores the env keywords
 and each task once in the driver's node, and the actors get only ``ObjectRef``s.
@@ -38,11 +40,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError, HarnessError, WorkerLost
+from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
 from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, run_episode, schedule
 from gym_harness.tasks import Task
-from gym_harness.trajectory import StepInfo
+from gym_harness.utils.imports import import_optional
+from gym_harness.vector.resets import batch_seeds, pop_reset_mask
+from gym_harness.vector.worker import lost_info
 
 __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
 
@@ -50,16 +54,27 @@ __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
 #: a CPU each (a harness CLI is a busy process), spread over the nodes.
 DEFAULT_RESOURCES: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 WORKER_LOST = Outcome.WORKER_LOST
+#: Set in every actor's environment. By default a Ray worker that exits (``ray.kill``,
+#: an actor's ``sys.exit``) first SIGKILLs its direct children: our keepers, which then
+#: never remove the workspaces. The keepers end everything the actor started instead.
+ACTOR_ENV_VARS = {"RAY_kill_child_processes_on_worker_exit": "false"}
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(
-            "gym_harness.rollout.ray needs Ray: pip install 'gym_harness[ray]' (on every node)."
-        ) from exc
-    return ray
+    return import_optional(
+        "ray",
+        extra="ray",
+        what="gym_harness.rollout.ray",
+        needs=("init", "is_initialized", "remote", "get", "kill"),
+        note=" (on every node)",
+    )
+
+
+def _actor_options(resources: Mapping[str, Any]) -> dict[str, Any]:
+    """``resources`` with ``ACTOR_ENV_VARS`` added to its runtime env (the caller's win)."""
+    runtime_env = dict(resources.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**ACTOR_ENV_VARS, **(runtime_env.get("env_vars") or {})}
+    return {**resources, "runtime_env": runtime_env}
 
 
 def connect(address: str | None = None) -> bool:
@@ -119,11 +134,14 @@ class _EnvWorker:
     def describe(self) -> dict[str, Any]:
         import ray
 
-        proc = None if self.env is None else HarnessEnv.of(self.env).process
+        env = None if self.env is None else HarnessEnv.of(self.env)
+        proc = None if env is None else env.process
+        workspace = None if env is None else env.workspace
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "harness_pid": None if proc is None or proc.returncode is not None else proc.pid,
+            "workspace": None if workspace is None else str(workspace),
         }
 
     def close(self) -> None:
@@ -138,7 +156,7 @@ class _Pool:
         self.ray = _ray()
         self.env_id = env_id
         self.kwargs_ref = self.ray.put(dict(env_kwargs))  # shipped once per node
-        self.actor_class = self.ray.remote(_EnvWorker).options(**resources)
+        self.actor_class = self.ray.remote(_EnvWorker).options(**_actor_options(resources))
 
     def new(self) -> Any:
         return self.actor_class.remote(self.env_id, self.kwargs_ref)
@@ -252,11 +270,11 @@ class RayVectorEnv(VectorEnv):
             The batched observations and the stacked infos.
 
         Raises:
-            HarnessError: A sub-env's fresh actor was lost too while resetting.
+            WorkerLost: A sub-env's fresh actor was lost too while resetting.
         """
-        seeds = _seeds(seed, self.num_envs)
+        seeds = batch_seeds(seed, self.num_envs)
         options = dict(options or {})
-        mask = np.asarray(options.pop("reset_mask", np.ones(self.num_envs, dtype=np.bool_)))
+        mask = pop_reset_mask(options, self.num_envs)
         wanted = [i for i in range(self.num_envs) if mask[i]]
         calls = {i: self._submit_reset(i, seeds[i], options or None) for i in wanted}
         infos: dict[str, Any] = {}
@@ -266,9 +284,10 @@ class RayVectorEnv(VectorEnv):
             if result is None:  # lost on the way: one more fresh actor, then give up
                 result = self._get(i, self._submit_reset(i, seeds[i], options or None))
             if result is None:
-                raise HarnessError(
+                raise WorkerLost(
                     f"sub-env {i}: its Ray actor died twice while resetting "
-                    f"({self._lost_error[i]}); check the nodes' health and memory."
+                    f"({self._lost_error[i]}); check the nodes' health and memory.",
+                    index=i,
                 )
             obs[i], info = result
             self._last_info[i] = info
@@ -308,7 +327,8 @@ class RayVectorEnv(VectorEnv):
         return self._observations, rewards, terminations, truncations, infos
 
     def worker_info(self) -> list[dict[str, Any]]:
-        """Where each sub-env runs: ``node_id``, actor ``pid``, ``harness_pid`` (or None)."""
+        """Where each sub-env runs: ``node_id``, actor ``pid``, ``harness_pid`` and the
+        episode's ``workspace`` directory (``None`` before the first reset)."""
         ray = self._pool.ray
         return list(ray.get([a.describe.remote() for a in self.actors], timeout=self.timeout_s))
 
@@ -337,30 +357,7 @@ class RayVectorEnv(VectorEnv):
             return None
 
     def _lost_info(self, i: int) -> dict[str, Any]:
-        last = self._last_info[i]
-        lost: StepInfo = {
-            "turn": int(last.get("turn", 0)) + 1,
-            "error_type": WORKER_LOST.value,
-            "error": self._lost_error[i],
-            "events": [],
-            "tool_calls": 0,
-            "elapsed_s": 0.0,
-            "exit_code": -1,  # unknown: the harness died with its actor
-            "stderr_tail": "",
-            "episode_id": str(last.get("episode_id", "")),
-            "task_id": str(last.get("task_id", "")),
-        }
-        return {**last, **lost}  # a wrapper's own keys stay, as on the steps before
-
-
-def _seeds(seed: int | list[int | None] | None, n: int) -> list[int | None]:
-    if seed is None:
-        return [None] * n
-    if isinstance(seed, int):
-        return [seed + i for i in range(n)]
-    if len(seed) != n:
-        raise ValueError(f"seed must be None, an int, or a list of {n} seeds; got {seed!r}.")
-    return list(seed)
+        return lost_info(self._last_info[i], self._lost_error[i])
 
 
 def ray_rollout(

@@ -3,7 +3,8 @@
 * :mod:`~gym_harness.utils.bounded_json`: the one bounded JSON parser (depth, size,
   integer digits) for harness output and captured bodies.
 * :mod:`~gym_harness.utils.lines`: splitting a byte stream into bounded lines.
-* :mod:`~gym_harness.utils.imports`: import strings (``"package.module:attr"``).
+* :mod:`~gym_harness.utils.imports`: import strings (``"package.module:attr"``), and
+  the optional dependencies (``import_optional``: a clear ``ConfigError`` naming the extra).
 
 Imports only ``errors``; every other part may import it, it imports no part.
 """

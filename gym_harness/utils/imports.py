@@ -1,14 +1,23 @@
-"""Import strings: ``"package.module:attr"`` names an object that a spawned
-vector worker (or a Ray actor) can import again by itself."""
+"""Imports by name: import strings, and the optional dependencies.
+
+* ``import_attr``: an import string (``"package.module:attr"``) names an object that a
+  spawned vector worker (or a Ray actor) can import again by itself.
+* ``import_optional``: an optional dependency (an extra of gym_harness), or a
+  ``ConfigError`` that names the extra to install. A folder that merely has the
+  package's name (Ray's own ``/tmp/ray``, when Python runs in ``/tmp``) imports as an
+  empty namespace package; it counts as missing, not as the package.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from gym_harness.errors import ConfigError
 
-__all__ = ["import_attr"]
+__all__ = ["import_attr", "import_optional"]
 
 
 def import_attr(spec: str, what: str) -> Any:
@@ -31,3 +40,44 @@ def import_attr(spec: str, what: str) -> Any:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"Cannot import {what} from {spec!r}: {exc}.") from exc
     return target
+
+
+def import_optional(
+    module: str, *, extra: str, what: str, needs: Sequence[str] = (), note: str = ""
+) -> Any:
+    """Import the optional dependency ``module`` (a top-level package), checked to be real.
+
+    Args:
+        module: The package's import name (``"ray"``).
+        extra: The gym_harness extra that installs it (``"ray"``).
+        what: Who needs it, for the message (``"gym_harness.rollout.ray"``).
+        needs: Attributes the caller uses; a module without them is not the package.
+        note: Added to the install hint (``" (on every node)"``).
+
+    Returns:
+        The module.
+
+    Raises:
+        ConfigError: It is not installed, only a folder of that name was found, or it
+            lacks ``needs``; the message names the extra to install.
+    """
+    hint = f"{what} needs {module}: pip install 'gym_harness[{extra}]'{note}."
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(hint) from exc
+    if getattr(found, "__file__", None) is None:  # a namespace package: a folder, no package
+        if sys.modules.get(module) is found:
+            del sys.modules[module]  # so that an import after a chdir finds the real one
+        folders = ", ".join(repr(path) for path in getattr(found, "__path__", ()))
+        raise ConfigError(
+            f"{hint} Only a folder named {module!r} was found ({folders}), which is not "
+            f"the package; if {module} is installed, run from another directory."
+        )
+    missing = [name for name in needs if not hasattr(found, name)]
+    if missing:
+        raise ConfigError(
+            f"{hint} The {module!r} imported from {found.__file__!r} lacks {missing}: "
+            "another module of that name shadows the package."
+        )
+    return found

@@ -1,8 +1,9 @@
-"""Vector envs over harnesses: gymnasium's AsyncVectorEnv, set up for text.
+"""Vector envs over harnesses: ``HarnessVectorEnv``, an AsyncVectorEnv set up for text.
 
 ``gymnasium.make_vec(id, num_envs=N)`` uses this as the registered
-``vector_entry_point``: one worker process per env, ``shared_memory=False``
-(gymnasium's shared-memory buffers cannot carry unbounded text observations).
+``vector_entry_point``: one worker process per env, texts over the workers' pipes
+(``shared_memory=False``), and a worker that dies is reported and replaced
+(see :mod:`gym_harness.vector.async_env`).
 
 The bridge's server stack (fastmcp, mcp, uvicorn, starlette) is imported once
 before the workers start, not in each: in the parent when workers fork (the
@@ -19,7 +20,8 @@ import warnings
 from typing import Any
 
 import gymnasium
-from gymnasium.vector import AsyncVectorEnv
+
+from gym_harness.vector.async_env import CLOSE_TIMEOUT_S, HarnessVectorEnv
 
 __all__ = ["make_vector_env"]
 
@@ -40,25 +42,29 @@ def make_vector_env(
     *,
     max_episode_steps: int | None = None,
     context: str | None = None,
+    close_timeout_s: float = CLOSE_TIMEOUT_S,
     **env_kwargs: Any,
-) -> AsyncVectorEnv:
-    """Build an ``AsyncVectorEnv`` of ``num_envs`` ``HarnessEnv``s.
+) -> HarnessVectorEnv:
+    """Build a ``HarnessVectorEnv`` (an ``AsyncVectorEnv``) of ``num_envs`` ``HarnessEnv``s.
 
     Args:
         num_envs: How many sub-envs (one worker process each).
         max_episode_steps: Truncate episodes after this many turns.
         context: The multiprocessing start method (``"spawn"``, ``"forkserver"``, ...).
+        close_timeout_s: How long ``close()`` lets the workers close their envs before
+            it terminates them.
         **env_kwargs: Passed to every ``HarnessEnv``.
 
     Returns:
-        The vector env (``shared_memory=False``, next-step autoreset).
+        The vector env (``shared_memory=False``, next-step autoreset). A sub-env whose
+        worker dies reports ``info["error_type"] == "worker_lost"`` and gets a new worker.
 
     Example:
         >>> envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=4)  # doctest: +SKIP
     """
     _preload_for(context)
     make = functools.partial(_make_one, env_kwargs, max_episode_steps)
-    return AsyncVectorEnv([make] * num_envs, shared_memory=False, context=context)
+    return HarnessVectorEnv([make] * num_envs, context=context, close_timeout_s=close_timeout_s)
 
 
 def _preload_for(context: str | None) -> None:

@@ -7,6 +7,7 @@ process can behave well for some turns and then fail:
 
     "crash"   exit 3 mid-turn          "hang"    keep writing stderr, never answer
     "stall"   go silent                "garbage" print a line that is not JSON
+    "pause"   print {"type":"paused","pid":PID} (an event, mid-turn), then go silent
     "flood"   50 MB to stderr, then answer
     "utf8"    answer with invalid UTF-8 bytes
     "/done"   answer with done=true    anything else: "echo: <message>"
@@ -38,6 +39,9 @@ def answer(content: str, delay: float) -> None:
             sys.stderr.flush()
             time.sleep(0.05)
     if content == "stall":
+        time.sleep(3600)
+    if content == "pause":  # an event the test's on_event sees while the turn runs
+        emit({"type": "paused", "pid": os.getpid()})
         time.sleep(3600)
     if content == "garbage":
         sys.stdout.write("this is not json\n")

@@ -1,0 +1,460 @@
+"""HarnessVectorEnv: gymnasium's ``AsyncVectorEnv`` whose workers may die.
+
+A worker process can die under any env: the out-of-memory killer picks the largest
+process, an operator kills one. gymnasium's own ``AsyncVectorEnv`` then raises a bare
+``EOFError``, and its ``close()`` waits forever on replies it has already read. Here:
+
+* Every wait for replies also watches each worker's process (its sentinel, and its exit
+  status at least every half second): a worker that died is noticed, never waited on.
+* A step reports a worker that died as its sub-env's outcome, ``terminated`` with
+  ``info["error_type"] == "worker_lost"`` and the worker's pid and exit (signal or exit
+  code) in ``info["error"]``, as ``RayVectorEnv`` does for a lost actor. At the sub-env's
+  next step a fresh worker starts and resets it (the usual next-step autoreset); the
+  other sub-envs go on untouched.
+* ``reset()``, ``call``, ``get_attr`` and ``set_attr`` replace a dead worker first. A
+  worker that dies while resetting is replaced once more, and a second death raises
+  ``WorkerLost``; so does a worker's death during a call (the sub-env's next step then
+  reports it, unless ``reset()`` comes first).
+* ``close()`` never reads a reply twice nor waits on a dead pipe. It gives the workers
+  ``close_timeout_s`` (or ``close(timeout=...)``) to close their envs, then SIGTERMs and,
+  a second later, SIGKILLs the rest, so it returns within that bound plus about 2 s; the
+  keepers of killed workers end their harnesses and remove their workspaces.
+
+The parent decides when a sub-env autoresets (next-step mode, as gymnasium's), so a
+worker holds no episode state and a fresh one needs nothing replayed. Workers run
+``gym_harness.vector.worker.run_worker``; an env's exception is raised in the parent
+with the worker's traceback as a note, and the worker goes on serving its env.
+
+Threads: one caller thread drives the vector env (as for gymnasium's own); each worker
+process runs one env in its main thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from copy import deepcopy
+from multiprocessing import connection
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from gymnasium.vector import AsyncVectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars, concatenate, iterate
+
+from gym_harness.errors import WorkerLost
+from gym_harness.vector.resets import batch_seeds, pop_reset_mask
+from gym_harness.vector.worker import (
+    WorkerFailure,
+    describe_exit,
+    end_processes,
+    lost_info,
+    run_worker,
+)
+
+__all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
+
+#: How long ``close()`` lets the workers close their envs before it ends them.
+CLOSE_TIMEOUT_S = 5.0
+_SLICE_S = 0.5  # the longest a wait for replies goes without checking that the workers live
+_STEP, _RESET, _CALL = "step", "reset", "call"
+_WORKING, _LOST = object(), object()
+_AUTORESET = {"seed": None, "options": None}
+
+
+class HarnessVectorEnv(AsyncVectorEnv):
+    """An ``AsyncVectorEnv`` (one worker process per sub-env) that survives a worker's death.
+
+    What ``make_vector_env`` (the ``vector_entry_point`` of every gym_harness id) builds:
+    texts travel over the pipes (``shared_memory=False``), autoreset is next-step.
+
+    Args:
+        env_fns: One function per sub-env that makes its env (called in the worker).
+        context: The multiprocessing start method (``None``: the default).
+        daemon: Whether the workers are daemonic (they end with the parent).
+        close_timeout_s: How long ``close()`` waits for the workers to close their envs
+            before it terminates them (``close(timeout=...)`` overrides it).
+
+    Raises:
+        WorkerLost: A worker died before the vector env was up.
+
+    Example:
+        >>> envs = gymnasium.make_vec("gym_harness/Command-v0", num_envs=2,
+        ...                           command=["python", "agent.py"])  # doctest: +SKIP
+        >>> obs, rewards, terminated, truncated, infos = envs.step(actions)  # doctest: +SKIP
+        >>> infos["error_type"]  # doctest: +SKIP
+        array(['', 'worker_lost'], dtype=object)
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gymnasium.Env[Any, Any]]],
+        *,
+        context: str | None = None,
+        daemon: bool = True,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+    ) -> None:
+        n = len(env_fns)
+        self.close_timeout_s = close_timeout_s
+        # Set before gymnasium's __init__, which checks the spaces through our pipes.
+        self._lost = [""] * n  # how sub-env i's worker ended; "" while it runs
+        self._unreported = [""] * n  # a loss no step has reported yet (its episode's end)
+        self._owed = [0] * n  # replies a worker still sends to calls nobody waits for
+        self._pending: dict[int, str] = {}  # sub-env -> the kind of its unanswered message
+        self._last_info: list[dict[str, Any]] = [{} for _ in range(n)]
+        self._autoreset = np.zeros(n, dtype=np.bool_)
+        self._mask = np.ones(n, dtype=np.bool_)
+        self._reset_kwargs: list[dict[str, Any]] = [dict(_AUTORESET) for _ in range(n)]
+        super().__init__(
+            env_fns,
+            shared_memory=False,
+            context=context,
+            daemon=daemon,
+            worker=run_worker,  # type: ignore[arg-type]  # gymnasium's hint lists 6 of the 8 args
+        )
+
+    # ----------------------------------------------------------------- reset
+
+    def reset_async(
+        self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Send ``reset`` to each sub-env (those of ``options["reset_mask"]``), new workers
+        first for dead ones."""
+        self._check_idle("reset_async")
+        seeds = batch_seeds(seed, self.num_envs)
+        options = None if options is None else dict(options)
+        self._mask = pop_reset_mask(options, self.num_envs)
+        try:
+            for i in map(int, np.flatnonzero(self._mask)):
+                if self._lost[i]:
+                    self._restart(i)
+                self._unreported[i] = ""  # a new episode: the lost one needs no report
+                self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
+                self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+        except BaseException:
+            self._abandon_pending()  # whatever was sent is answered to nobody
+            raise
+        self._state = AsyncState.WAITING_RESET
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """The reset observations and infos.
+
+        Raises:
+            WorkerLost: A sub-env's worker died while resetting, and so did its replacement.
+        """
+        self._check_waiting(AsyncState.WAITING_RESET, "reset_wait")
+        wanted = [int(i) for i in np.flatnonzero(self._mask)]
+        replies = self._collect("reset_wait", timeout)
+        first = {i: self._lost[i] for i in wanted if i not in replies}
+        for i in first:  # one more fresh worker each
+            self._restart(i)
+            self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+        if first:
+            replies.update(self._collect("reset_wait", timeout))
+        self._state = AsyncState.DEFAULT
+        self._autoreset[wanted] = False
+        _raise_failures(replies)
+        for i in first:
+            if i not in replies:
+                process = self.processes[i]
+                raise WorkerLost(
+                    f"{first[i]} during reset(), and its replacement (pid {process.pid}) "
+                    f"{describe_exit(process.exitcode)} too: is the machine short of memory?",
+                    index=i,
+                    exit_code=process.exitcode,
+                    pid=process.pid,
+                )
+        observations: list[Any] = list(self.observations)
+        infos: dict[str, Any] = {}
+        for i in wanted:
+            observations[i], info = replies[i][0]
+            self._last_info[i] = info
+            infos = self._add_info(infos, info, i)
+        return self._observe(observations), infos
+
+    # ----------------------------------------------------------------- step
+
+    def step_async(self, actions: Any) -> None:
+        """Send each sub-env its action; a reset where its episode ended or its worker died."""
+        self._check_idle("step_async")
+        try:
+            for i, action in enumerate(iterate(self.action_space, actions)):
+                if self._unreported[i]:
+                    continue  # this step reports the loss
+                if self._lost[i]:
+                    self._restart(i)
+                if self._autoreset[i]:
+                    self._send(i, ("reset", _AUTORESET), _RESET)
+                else:
+                    self._send(i, ("step", action), _STEP)
+        except BaseException:
+            self._abandon_pending()  # whatever was sent is answered to nobody
+            raise
+        self._state = AsyncState.WAITING_STEP
+
+    def step_wait(
+        self, timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The batched step results; a sub-env whose worker died reports ``worker_lost``."""
+        self._check_waiting(AsyncState.WAITING_STEP, "step_wait")
+        kinds = dict(self._pending)
+        replies = self._collect("step_wait", timeout)
+        self._state = AsyncState.DEFAULT
+        n = self.num_envs
+        observations: list[Any] = list(self.observations)
+        rewards = np.zeros(n, dtype=np.float64)
+        terminations = np.zeros(n, dtype=np.bool_)
+        truncations = np.zeros(n, dtype=np.bool_)
+        infos: dict[str, Any] = {}
+        for i in range(n):
+            reply = replies.get(i)
+            if reply is None:
+                lost, self._unreported[i] = self._unreported[i] or self._lost[i], ""
+                why = f"{lost}; a fresh worker resets the sub-env at its next step"
+                observations[i], info = "", lost_info(self._last_info[i], why)
+                terminations[i] = True
+            elif not reply[1]:
+                continue  # raised below
+            elif kinds[i] == _RESET:
+                observations[i], info = reply[0]
+            else:
+                observations[i], rewards[i], terminations[i], truncations[i], info = reply[0]
+            self._last_info[i] = info
+            infos = self._add_info(infos, info, i)
+        failed = [i for i, reply in replies.items() if not reply[1]]
+        ended = terminations | truncations
+        ended[failed] = self._autoreset[failed]  # an env that raised keeps its state
+        self._autoreset = ended
+        _raise_failures(replies)
+        return self._observe(observations), rewards, terminations, truncations, infos
+
+    # ----------------------------------------------------------------- calls
+
+    def call_async(self, name: str, /, *args: object, **kwargs: object) -> None:
+        """Call ``name`` (a method or attribute) in every sub-env (dead workers replaced first)."""
+        self._check_idle("call_async")
+        self._send_all([("_call", (name, args, kwargs))] * self.num_envs)
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The results of ``call_async``, one per sub-env.
+
+        Raises:
+            WorkerLost: A sub-env's worker died during the call.
+        """
+        self._check_waiting(AsyncState.WAITING_CALL, "call_wait")
+        return self._answers(self._collect("call_wait", timeout))
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any] | object) -> None:
+        """Set attribute ``name`` in every sub-env (one value each, or one for all).
+
+        Raises:
+            WorkerLost: A sub-env's worker died meanwhile.
+        """
+        self._check_idle("set_attr")
+        if not isinstance(values, list | tuple):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of "
+                f"environments. Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        self._send_all([("_setattr", (name, value)) for value in values])
+        self._answers(self._collect("set_attr", None))
+
+    def _check_spaces(self) -> None:
+        """Check every sub-env has the first one's spaces (gymnasium's __init__ calls this)."""
+        spaces = (self.single_observation_space, self.single_action_space)
+        self._send_all([("_check_spaces", spaces)] * self.num_envs)
+        answers = self._answers(self._collect("__init__", None))
+        same_observation, same_action = zip(*answers, strict=True)
+        if not all(same_observation):
+            raise RuntimeError("Some sub-envs have an observation space unlike the first one's.")
+        if not all(same_action):
+            raise RuntimeError("Some sub-envs have an action space unlike the first one's.")
+
+    # ----------------------------------------------------------------- close
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close every sub-env's env and end the workers, within the bound; never raises.
+
+        Args:
+            timeout: How long the workers may take to close their envs (default
+                ``close_timeout_s``); then they are terminated.
+            terminate: Terminate the workers at once.
+        """
+        bound = 0.0 if terminate else self.close_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        self._abandon_pending()  # a pending call's replies are never read now
+        live = [i for i in range(self.num_envs) if not self._lost[i]]
+        if not terminate:
+            for i in live:
+                with contextlib.suppress(Exception):
+                    self._send(i, ("close", None), _CALL)
+            self._pending = {}
+        end_processes([self.processes[i] for i in live], deadline)
+        for pipe in self.parent_pipes:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _check_idle(self, what: str) -> None:
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `{what}` while waiting for a pending call to "
+                f"`{self._state.value}` to complete.",
+                str(self._state.value),
+            )
+
+    def _check_waiting(self, state: AsyncState, what: str) -> None:
+        self._assert_is_running()
+        if self._state != state:
+            raise NoAsyncCallError(
+                f"Calling `{what}` without any prior call to `{state.value}_async`.",
+                state.value,
+            )
+
+    def _send_all(self, messages: Sequence[tuple[str, Any]]) -> None:
+        """Send sub-env ``i`` ``messages[i]`` as a call, fresh workers first for dead ones
+        (their sub-envs' next steps reset them)."""
+        try:
+            for i, message in enumerate(messages):
+                if self._lost[i]:
+                    self._restart(i)
+                self._send(i, message, _CALL)
+        except BaseException:
+            self._abandon_pending()
+            raise
+        self._state = AsyncState.WAITING_CALL
+
+    def _send(self, i: int, message: tuple[str, Any], kind: str) -> None:
+        """Send one command to sub-env ``i``'s worker; a dead worker is marked lost."""
+        try:
+            self.parent_pipes[i].send(message)
+        except OSError:  # BrokenPipeError, ConnectionResetError: it died while idle
+            self._lose(i)
+            return
+        self._pending[i] = kind
+
+    def _collect(self, what: str, timeout: float | None) -> dict[int, tuple[Any, bool]]:
+        """Wait for the reply of every pending sub-env; those whose worker died are missing.
+
+        Raises:
+            multiprocessing.TimeoutError: ``timeout`` passed first (late replies are
+                skipped when they come).
+        """
+        waiting, self._pending = set(self._pending), {}
+        replies: dict[int, tuple[Any, bool]] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for i in sorted(waiting):
+                reply = self._read(i)
+                if reply is not _WORKING:
+                    waiting.discard(i)
+                    if reply is not _LOST:
+                        replies[i] = reply
+            if not waiting:
+                return replies
+            slice_s = _SLICE_S
+            if deadline is not None:
+                slice_s = min(slice_s, deadline - time.monotonic())
+                if slice_s <= 0:
+                    for i in waiting:
+                        self._owed[i] += 1
+                    self._state = AsyncState.DEFAULT
+                    raise multiprocessing.TimeoutError(
+                        f"The call to `{what}` has timed out after {timeout} second(s)."
+                    )
+            watched: list[Any] = [self.parent_pipes[i] for i in waiting]
+            watched += [self.processes[i].sentinel for i in waiting]
+            connection.wait(watched, slice_s)
+
+    def _read(self, i: int) -> Any:
+        """Sub-env ``i``'s reply, ``_WORKING`` while none came, or ``_LOST`` (then marked)."""
+        pipe = self.parent_pipes[i]
+        alive = self.processes[i].is_alive()  # first: what it sent before dying is in the pipe
+        try:
+            while pipe.poll():
+                reply = pipe.recv()
+                if not self._owed[i]:
+                    return reply
+                self._owed[i] -= 1  # the late reply to a call nobody waits for now
+        except (EOFError, OSError):
+            alive = False
+        if alive:
+            return _WORKING
+        self._lose(i)
+        return _LOST
+
+    def _lose(self, i: int) -> None:
+        """Mark sub-env ``i``'s worker lost: close its pipe, reap (or kill) the process."""
+        process = self.processes[i]
+        with contextlib.suppress(OSError):
+            self.parent_pipes[i].close()
+        end_processes([process], time.monotonic())
+        self._owed[i] = 0
+        how = describe_exit(process.exitcode)
+        self._lost[i] = self._unreported[i] = (
+            f"the vector worker of sub-env {i} (pid {process.pid}) {how}"
+        )
+
+    def _restart(self, i: int) -> None:
+        """A fresh worker for sub-env ``i``: its env is made anew, and reset at its next step."""
+        context = multiprocessing.get_context(self.context)
+        parent_pipe, child_pipe = context.Pipe()
+        process = context.Process(  # type: ignore[attr-defined]
+            target=self.worker,
+            name=f"Worker<{type(self).__name__}>-{i}",
+            args=(
+                *(i, CloudpickleWrapper(self.env_fns[i]), child_pipe, parent_pipe),
+                *(None, self.error_queue, self.autoreset_mode, None),  # as gymnasium passes
+            ),
+            daemon=self.daemon,
+        )
+        with clear_mpi_env_vars():
+            process.start()
+        child_pipe.close()
+        self.parent_pipes[i], self.processes[i] = parent_pipe, process
+        self._lost[i], self._owed[i] = "", 0
+        self._autoreset[i] = True
+
+    def _abandon_pending(self) -> None:
+        for i in self._pending:
+            self._owed[i] += 1
+        self._pending = {}
+        self._state = AsyncState.DEFAULT
+
+    def _answers(self, replies: dict[int, tuple[Any, bool]]) -> tuple[Any, ...]:
+        self._state = AsyncState.DEFAULT
+        _raise_failures(replies)
+        for i in range(self.num_envs):
+            if i not in replies:
+                process = self.processes[i]
+                raise WorkerLost(
+                    f"{self._lost[i]} during a call; its next step reports it as "
+                    "worker_lost (unless reset() comes first) and a fresh worker replaces it.",
+                    index=i,
+                    exit_code=process.exitcode,
+                    pid=process.pid,
+                )
+        return tuple(replies[i][0] for i in range(self.num_envs))
+
+    def _observe(self, observations: list[Any]) -> Any:
+        self.observations = concatenate(
+            self.single_observation_space, observations, self.observations
+        )
+        return deepcopy(self.observations) if self.copy else self.observations
+
+
+def _raise_failures(replies: dict[int, tuple[Any, bool]]) -> None:
+    """Raise the first exception a sub-env's env raised (with the worker's traceback)."""
+    for i in sorted(replies):
+        result, ok = replies[i]
+        if not ok:
+            assert isinstance(result, WorkerFailure)
+            raise result.exception(i)
