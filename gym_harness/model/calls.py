@@ -234,8 +234,9 @@ class CallLog:
         self._calls: list[ModelCall] = []
         self._bytes = 0
 
-    def add(self, call: ModelCall, size: int) -> None:
-        """Keep ``call``, whose :func:`weight` is ``size``."""
+    def add(self, call: ModelCall, request_bytes: int) -> None:
+        """Keep ``call``, whose request's body had ``request_bytes`` (see :func:`weight`)."""
+        size = weight(request_bytes, call.completion)
         if len(self._calls) >= self.max_records:
             if not self.dropped:
                 logger.warning(
@@ -249,25 +250,6 @@ class CallLog:
             size = 256
         self._bytes += size
         bisect.insort(self._calls, call, key=lambda c: c.seq)
-
-    def add_call(
-        self,
-        seq: int,
-        request_id: str,
-        request: ModelRequest | None,
-        path: str,
-        side: bool,
-        completion: Completion | None,
-        status: int,
-        error: str,
-        started: float,
-        retries: int = 0,
-    ) -> None:
-        """Keep the record of a call that ends now (:meth:`ModelCall.of`'s arguments)."""
-        record = ModelCall.of(
-            seq, request_id, request, path, side, completion, status, error, started, retries
-        )
-        self.add(record, weight(request.size if request else 0, completion))
 
     def records(self) -> list[ModelCall]:
         """The records kept (not consumed)."""

@@ -348,10 +348,11 @@ class ModelEndpoint(LoopbackService):
                 del self._by_key[key]
         completion = answer[0] if answer else None
         status, error = failure if failure else (200, "")
-        self._log.add_call(
+        record = ModelCall.of(
             call.seq, call.request_id, call.request, call.path, call.side, completion, status,
             error, call.started, call.retries,
         )  # fmt: skip
+        self._log.add(record, call.request.size)
         if answer is not None:
             self._replay.put(call.keys, Answered(*answer, call.answer_id, call.created, call.seq))
         self._set_wake()
@@ -364,8 +365,10 @@ class ModelEndpoint(LoopbackService):
         request_id = request.request_id if request else f"{self._ids}{seq}"
         with self._lock:
             if epoch == self._epoch:
-                self._log.add_call(seq, request_id, request, path, side, completion, status,
-                                   error, started)  # fmt: skip
+                record = ModelCall.of(
+                    seq, request_id, request, path, side, completion, status, error, started
+                )
+                self._log.add(record, request.size if request else 0)
 
     def _next_seq(self) -> int:
         with self._lock:
