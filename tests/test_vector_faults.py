@@ -142,6 +142,15 @@ def test_a_kill_mid_step_gives_the_documented_result_and_close_returns(mode: str
             assert type(envs) is gymnasium.vector.AsyncVectorEnv
             with pytest.raises(EOFError):
                 envs.step(ACTIONS)
+            # Why its close() without arguments cannot return, whatever runs in the workers:
+            # step read sub-env 0's reply, met EOF on the dead worker's pipe (no process
+            # holds its other end) and kept that pipe. close() then reads sub-env 0's pipe
+            # again, while that worker waits for a command, and any read or write of the
+            # dead pipe raises. terminate=True polls sub-env 0's pipe instead, and ends them.
+            envs.processes[1].join(GONE_BOUND_S)
+            assert envs.processes[1].exitcode == -signal.SIGKILL
+            assert envs.parent_pipes[1] is not None and not envs.parent_pipes[1].closed
+            assert envs.processes[0].is_alive() and not envs.parent_pipes[0].poll(0)
         else:
             obs, rewards, terminated, truncated, info = envs.step(ACTIONS)
             assert obs[0] == "echo: a" and obs[2] == "echo: c" and obs[1] == ""
@@ -158,7 +167,7 @@ def test_a_kill_mid_step_gives_the_documented_result_and_close_returns(mode: str
                 assert "killed by signal 9 (SIGKILL)" in info["error"][1]
         pids |= descendants() - before
     finally:
-        # gymnasium's own close() would wait forever on replies it already read
+        # gymnasium's own close() would wait forever for sub-env 0's reply, read already
         said = close_within(envs, CLOSE_BOUND_S, **({"terminate": True} if mode == "async" else {}))
     assert_nothing_left(pids, roots)
     if mode == "async":
