@@ -19,6 +19,7 @@ from gym_harness.errors import ConfigError
 
 __all__ = [
     "DEFAULT_INHERIT_ENV",
+    "SANDBOX_TIERS",
     "INTERRUPT_GRACE_S",
     "HarnessConfig",
     "ProcessSpec",
@@ -38,6 +39,8 @@ DEFAULT_INHERIT_ENV: tuple[str, ...] = (
     "TZ",
     "PYTHONPATH",
 )
+#: The ``sandbox`` settings: use what the kernel offers, demand all of it, or none.
+SANDBOX_TIERS = ("auto", "strict", "off")
 #: How long an interrupted turn may take to wind down, at most (and at most ``stop_grace_s``).
 INTERRUPT_GRACE_S = 1.0
 
@@ -58,6 +61,10 @@ class ProcessSpec:
         stderr_tail_lines: How many stderr lines are kept for error reports.
         max_line_bytes: Longest output line kept whole; longer ones are cut and marked.
         cgroup: Also contain the tree in a cgroup v2 of its own, where one can be made.
+        sandbox: ``"auto"``, ``"strict"`` or ``"off"`` (see ``HarnessConfig``).
+        memory_limit_mb: Resident memory the whole tree may use; ``None`` for no limit.
+        max_processes: Processes the tree may hold at once; ``None`` for no limit.
+        readable_paths: More paths the confined harness may read (and execute).
 
     Example:
         >>> spec = HarnessConfig(command=["cat"], stop_grace_s=0.5).process_spec()
@@ -73,9 +80,14 @@ class ProcessSpec:
     stderr_tail_lines: int = 50
     max_line_bytes: int = 8 * 1024 * 1024
     cgroup: bool = True
+    sandbox: str = "auto"
+    memory_limit_mb: int | None = None
+    max_processes: int | None = None
+    readable_paths: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "readable_paths", tuple(self.readable_paths))
         object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
         object.__setattr__(self, "env", dict(self.env))
 
@@ -129,6 +141,17 @@ class HarnessConfig:
             delegated subtree); elsewhere the keeper's subreaper alone contains it.
         reward_timeout_s: Longest a ``reward_fn`` call may take (it then runs in a
             worker thread; past it the turn ends as ``reward_timeout``); ``None`` for none.
+        sandbox: How the harness is confined (README, "Confinement"): ``"auto"`` applies
+            what this kernel offers (Landlock filesystem and TCP rules, signal scoping,
+            a seccomp filter, no capabilities) and says what it could not;
+            ``"strict"`` also gives each env a network namespace with only loopback,
+            and raises ``ConfigError`` if anything is missing; ``"off"`` confines nothing.
+        memory_limit_mb: Resident memory the harness's whole tree may use, in MiB; past
+            it the tree is ended and the turn is ``resource_limit``. ``None``: no limit.
+        max_processes: Processes the harness's tree may hold at once; past it the tree
+            is ended and the turn is ``resource_limit``. ``None``: no limit.
+        readable_paths: Paths a confined harness may read and execute beside its own
+            install tree, the interpreter and the system directories (a data set, say).
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -156,10 +179,20 @@ class HarnessConfig:
     tool_workers: int = 32
     cgroup: bool = True
     reward_timeout_s: float | None = None
+    sandbox: str = "auto"
+    memory_limit_mb: int | None = None
+    max_processes: int | None = None
+    readable_paths: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "command", _str_tuple("command", self.command))
+        set_(self, "readable_paths", _str_tuple("readable_paths", self.readable_paths))
+        if self.sandbox not in SANDBOX_TIERS:
+            raise ConfigError(
+                f"HarnessConfig.sandbox must be one of {list(SANDBOX_TIERS)}, got "
+                f"{self.sandbox!r}; 'auto' confines as far as this kernel allows."
+            )
         set_(self, "inherit_env", _str_tuple("inherit_env", self.inherit_env))
         if self.cwd is not None and not isinstance(self.cwd, str):
             set_(self, "cwd", _as_path_str("cwd", self.cwd))
@@ -186,6 +219,14 @@ class HarnessConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
+        for name in ("memory_limit_mb", "max_processes"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(
+                    f"HarnessConfig.{name} must be a positive int or None, got {value!r}."
+                )
         for name in ("allow_plain_text", "cgroup"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -203,6 +244,10 @@ class HarnessConfig:
             stderr_tail_lines=self.stderr_tail_lines,
             max_line_bytes=self.max_line_bytes,
             cgroup=self.cgroup,
+            sandbox=self.sandbox,
+            memory_limit_mb=self.memory_limit_mb,
+            max_processes=self.max_processes,
+            readable_paths=self.readable_paths,
         )
 
     def turn_limits(self) -> TurnLimits:
@@ -233,6 +278,7 @@ class HarnessConfig:
         data = dataclasses.asdict(self)
         data["command"] = list(self.command)
         data["inherit_env"] = list(self.inherit_env)
+        data["readable_paths"] = list(self.readable_paths)
         return data
 
     @classmethod

@@ -159,11 +159,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._rewards: RewardRunner | None = None
         self._ended_why = ""
         self.lock = threading.Lock()
-        self._tools_spec = tools
-        self._owned = EnvResources(None if workspace is None else Path(workspace), keep_workspace)
+        #: The MCP bridge's tools, prefix and timeout (the bridge starts with the first reset).
+        self._bridge_args = ([] if tools is None else tools, tool_prefix, tool_timeout_s)
+        self._owned = EnvResources(workspace, keep_workspace, self.config.sandbox)
         self._finalizer = weakref.finalize(self, self._owned.release, True)  # dropped, not closed
-        self._tool_prefix = tool_prefix
-        self._tool_timeout_s = tool_timeout_s
         self.observation_space = UnicodeText(MAX_TEXT)
         self.action_space = UnicodeText(MAX_TEXT)
         self._state = Lifecycle.NEW
@@ -229,6 +228,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._model is not None and self._model.ended is not None and not outcome:
             outcome, error = str(self._model.ended.error_type), self._model.ended.error
         info = self._info(0, outcome, error, events, 0.0)
+        info["sandbox"] = {} if self._proc is None else self._proc.sandbox
         self._callbacks.raise_pending("the harness's startup (reset)")
         return prompt, info
 
@@ -348,44 +348,48 @@ class HarnessEnv(gymnasium.Env[str, str]):
     # ----------------------------------------------------------------- internals
 
     def _prepare_episode(self, episode_id: str, task: Task | None) -> EpisodeContext:
-        workspace, home = self._owned.new_episode(episode_id, task)
-        bridge = self._ensure_bridge()
-        bridge.start()
-        if self.trajectory.episode_id:  # not the first episode: lock the old harness out
-            bridge.rotate_token()
-        model_base_url = model_api_key = policy_timeout_s = None
-        if self._capture is not None:
-            from gym_harness.capture.proxy import start_proxy
+        from gym_harness.loopback.server import listening_with
 
-            if self._proxy is None:
-                with interrupts_held():  # started and owned, or neither
-                    proxy = start_proxy(*self._capture, self.config.capture_max_bytes)
-                    self._proxy = self._owned.own(proxy)
-            proxy = self._proxy
-            proxy.drain()  # exchanges of an earlier episode's last moments
-            model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
-        if self._model_options is not None:  # side calls go to the proxy, if any
-            from gym_harness.model.turns import ModelTurns
+        with listening_with(self._owned.listener()):  # in the env's namespace, if strict
+            workspace, home = self._owned.new_episode(episode_id, task)
+            bridge = self._ensure_bridge()
+            bridge.start()
+            if self.trajectory.episode_id:  # not the first episode: lock the old harness out
+                bridge.rotate_token()
+            model_base_url = model_api_key = policy_timeout_s = None
+            if self._capture is not None:
+                from gym_harness.capture.proxy import start_proxy
 
-            if self._model is None:
-                user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
-                with interrupts_held():  # started and owned, or neither
-                    self._model = ModelTurns.serve(self.harness, self._model_options, user_fn)
-                    self._owned.own(self._model.endpoint)
-            model_api_key = self._model.new_key(self._proxy)
-            model_base_url = self._model.endpoint.base_url
-            policy_timeout_s = self._model_options.policy_timeout_s
-        return EpisodeContext(
-            episode_id=episode_id,
-            workspace=workspace,
-            home=home,
-            bridge_url=bridge.url,
-            bridge_token=bridge.token,
-            tool_names=tuple(spec.name for spec in bridge.list_tools()),
-            model_base_url=model_base_url,
-            model_api_key=model_api_key,
-            policy_timeout_s=policy_timeout_s,
-        )
+                if self._proxy is None:
+                    with interrupts_held():  # started and owned, or neither
+                        proxy = start_proxy(*self._capture, self.config.capture_max_bytes)
+                        self._proxy = self._owned.own(proxy)
+                proxy = self._proxy
+                proxy.drain()  # exchanges of an earlier episode's last moments
+                model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
+            if self._model_options is not None:  # side calls go to the proxy, if any
+                from gym_harness.model.turns import ModelTurns
+
+                if self._model is None:
+                    user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
+                    with interrupts_held():  # started and owned, or neither
+                        self._model = ModelTurns.serve(self.harness, self._model_options, user_fn)
+                        self._owned.own(self._model.endpoint)
+                model_api_key = self._model.new_key(self._proxy)
+                model_base_url = self._model.endpoint.base_url
+                policy_timeout_s = self._model_options.policy_timeout_s
+            return EpisodeContext(
+                episode_id=episode_id,
+                workspace=workspace,
+                home=home,
+                bridge_url=bridge.url,
+                bridge_token=bridge.token,
+                tool_names=tuple(spec.name for spec in bridge.list_tools()),
+                model_base_url=model_base_url,
+                model_api_key=model_api_key,
+                policy_timeout_s=policy_timeout_s,
+                serve_port=self._owned.free_port(),
+            )
 
     def _ensure_bridge(self) -> MCPBridge:
         if self._bridge is None:
@@ -393,10 +397,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
             self._bridge = self._owned.own(  # owned before it starts: close() stops it
                 MCPBridge(
-                    self._tools_spec if self._tools_spec is not None else [],
+                    self._bridge_args[0],
                     builtin_names=self.harness.builtin_tools,
-                    prefix=self._tool_prefix,
-                    tool_timeout_s=self._tool_timeout_s,
+                    prefix=self._bridge_args[1],
+                    tool_timeout_s=self._bridge_args[2],
                     lock=self.lock,
                     max_sessions=self.config.max_mcp_sessions,
                     tool_workers=self.config.tool_workers,
@@ -413,7 +417,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         )
         config = launch.config
         self._owned.hold_keeper()  # one keeper for all episodes, not one per reset
-        self._proc = self._owned.process = HarnessProcess(config.process_spec())
+        reach = self._owned.reach((ctx.bridge_url, ctx.model_base_url), launch.read_paths)
+        self._proc = self._owned.process = HarnessProcess(config.process_spec(), reach)
         endpoint = None if self._model is None else self._model.endpoint
         signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)
         self._runner = TurnRunner(
@@ -456,21 +461,17 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.trajectory.turns.append(record)
         if self.reward_fn is None or result.error_type == Outcome.INVALID_ACTION:
             return record  # a malformed action scores 0.0, not reward_fn's
-        workspace = self.workspace
-        assert workspace is not None
         if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
             self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
         task = None if self._task is None else self._task.to_dict()
-        ctx = record.reward_context(workspace, task)
+        ctx = record.reward_context(*self._owned.scored_dirs(), task)
         self.trajectory.turns[-1] = record = record.scored(*self._rewards(ctx))
         return record
 
     def _info(
         self, turn: int, error_type: str, error: str, events: Sequence[HarnessEvent], elapsed: float
     ) -> dict[str, Any]:
-        proc = self._proc
-        code = 0 if proc is None or proc.exit_code is None else int(proc.exit_code)
-        tail = "" if proc is None else proc.stderr_tail()
+        code, tail = (0, "") if self._proc is None else self._proc.exit_report()
         info = self.trajectory.step_info(turn, error_type, error, events, elapsed, code, tail)
         return dict(info)  # gymnasium's signature: a plain dict (with StepInfo's keys)
 

@@ -1,6 +1,6 @@
 """Tasks: what an episode is about, and the files its workspace starts with.
 
-A task is ``{"id", "prompt", "files"?, "meta"?}``; a task list is a list of
+A task is ``{"id", "prompt", "files"?, "hidden_files"?, "meta"?}``; a task list is a list of
 such dicts or a JSONL file of them. ``files`` maps a relative path to text
 content written into the episode's fresh workspace.
 """
@@ -30,6 +30,9 @@ class Task:
         id: Unique id within its task list.
         prompt: The first observation of an episode on this task.
         files: Relative path -> text content, written into the workspace at reset.
+        hidden_files: Like ``files``, written outside the workspace, where a confined
+            harness cannot reach them: the reward function reads them from
+            ``ctx.hidden_dir`` (held-out tests, the expected answer).
         meta: Anything else (expected answers for the reward, tags ...).
     """
 
@@ -37,6 +40,7 @@ class Task:
     prompt: str = ""
     files: Mapping[str, str] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    hidden_files: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: object, where: str = "task") -> Task:
@@ -47,9 +51,11 @@ class Task:
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where}: expected an object with 'id' and 'prompt', got {data!r}.")
-        unknown = sorted(set(data) - {"id", "prompt", "files", "meta"})
+        unknown = sorted(set(data) - {"id", "prompt", "files", "hidden_files", "meta"})
         if unknown:
-            raise ConfigError(f"{where}: unknown keys {unknown}; allowed: id, prompt, files, meta.")
+            raise ConfigError(
+                f"{where}: unknown keys {unknown}; allowed: id, prompt, files, hidden_files, meta."
+            )
         if "prompt" not in data:
             raise ConfigError(
                 f"{where}: the task has no 'prompt' (its first message); add one, e.g. "
@@ -57,19 +63,21 @@ class Task:
             )
         task_id, prompt = data.get("id"), data["prompt"]
         files, meta = data.get("files") or {}, data.get("meta") or {}
+        hidden = data.get("hidden_files") or {}
         if not isinstance(task_id, str | int) or isinstance(task_id, bool) or task_id == "":
             raise ConfigError(f"{where}: 'id' must be a non-empty string, got {task_id!r}.")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}.")
-        if not isinstance(files, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in files.items()
-        ):
-            raise ConfigError(f"{where}: 'files' must map relative paths to text contents.")
-        for path in files:
-            _check_relative(path, where)
+        for key, mapping in (("files", files), ("hidden_files", hidden)):
+            if not isinstance(mapping, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+            ):
+                raise ConfigError(f"{where}: '{key}' must map relative paths to text contents.")
+            for path in mapping:
+                _check_relative(path, where)
         if not isinstance(meta, Mapping):
             raise ConfigError(f"{where}: 'meta' must be an object, got {meta!r}.")
-        return cls(id=str(task_id), prompt=prompt, files=dict(files), meta=dict(meta))
+        return cls(str(task_id), prompt, dict(files), dict(meta), dict(hidden))
 
     def to_dict(self) -> dict[str, Any]:
         """Return the task as a JSON-ready dict."""
@@ -78,11 +86,12 @@ class Task:
             "prompt": self.prompt,
             "files": dict(self.files),
             "meta": dict(self.meta),
+            **({"hidden_files": dict(self.hidden_files)} if self.hidden_files else {}),
         }
 
-    def write_files(self, workspace: Path) -> None:
-        """Write ``files`` under ``workspace`` (parents created)."""
-        for rel, content in self.files.items():
+    def write_files(self, workspace: Path, *, hidden: bool = False) -> None:
+        """Write ``files`` (``hidden_files`` if ``hidden``) under ``workspace``."""
+        for rel, content in (self.hidden_files if hidden else self.files).items():
             path = workspace / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")

@@ -72,6 +72,8 @@ class RewardContext:
         terminated: The turn ends the episode (done, or a fault).
         truncated: The turn was cut short (a timeout).
         task: The episode's task as a dict, or ``None``.
+        hidden_dir: The directory holding the task's ``hidden_files`` (outside the
+            workspace; a confined harness cannot read it), or ``None``.
     """
 
     message: str
@@ -83,6 +85,7 @@ class RewardContext:
     terminated: bool
     truncated: bool
     task: Mapping[str, Any] | None = None
+    hidden_dir: Path | None = None
 
 
 class RewardFn(Protocol):
@@ -138,7 +141,9 @@ class TurnRecord:
         """How many tool calls the harness made in this turn."""
         return sum(1 for e in self.events if e.type is EventType.TOOL_CALL)
 
-    def reward_context(self, workspace: Path, task: Mapping[str, Any] | None) -> RewardContext:
+    def reward_context(
+        self, workspace: Path, hidden_dir: Path | None, task: Mapping[str, Any] | None
+    ) -> RewardContext:
         """What the reward function sees of this turn."""
         return RewardContext(
             message=self.message,
@@ -150,6 +155,7 @@ class TurnRecord:
             terminated=self.terminated,
             truncated=self.truncated,
             task=task,
+            hidden_dir=hidden_dir,
         )
 
     def scored(self, reward: float, outcome: Outcome, why: str) -> TurnRecord:

@@ -168,7 +168,9 @@ class TurnRunner:
                 if feed.ready:
                     return Outcome.OK, ""
         except TurnEnded as end:
-            return Outcome.STARTUP_FAILED, end.message
+            end = self._past_limit(end)
+            limited = end.outcome is Outcome.RESOURCE_LIMIT
+            return Outcome.RESOURCE_LIMIT if limited else Outcome.STARTUP_FAILED, end.message
 
     def run(self, message: str, episode_deadline: float | None = None) -> TurnResult:
         """Send ``message`` and read until the turn ends; never raises for harness faults.
@@ -256,6 +258,7 @@ class TurnRunner:
                         )
                     return TurnResult(response=feed.response, events=tuple(events), done=feed.done)
         except TurnEnded as end:
+            end = self._past_limit(end)
             # Outcomes no harness line reported (deadlines, a dead bridge) get an event.
             if end.outcome.truncates or end.outcome is Outcome.BRIDGE_FAILED:
                 self._record_error(end.outcome, end.message, events)
@@ -399,6 +402,14 @@ class TurnRunner:
         event = HarnessEvent(EventType.ERROR, {"error_type": kind.value, "message": message})
         events.append(event)
         self.emit(event)
+
+    def _past_limit(self, end: TurnEnded) -> TurnEnded:
+        """A crash the keeper caused by ending a tree past its limit is ``resource_limit``."""
+        limit = self.proc.limit if end.outcome is Outcome.HARNESS_CRASHED else ""
+        if not limit:
+            return end
+        message = f"the harness's tree went past {limit}, so it was ended ({end.message})"
+        return TurnEnded(Outcome.RESOURCE_LIMIT, message)
 
     def _exit_account(self, what: str) -> str:
         deadline = time.monotonic() + EXIT_WAIT_S

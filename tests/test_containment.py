@@ -25,18 +25,17 @@ from pathlib import Path
 
 import pytest
 from support import OWNER_SCRIPT
-from support.process import SCRIPT, is_ready, running, wait_gone
+from support.process import SCRIPT, is_ready, namespaces_in_use, running, wait_gone
+from support.users import NOBODY, nobody_prefix, owner_env
 
 from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.env import HarnessEnv
-from gym_harness.process import keeper as _keeper
+from gym_harness.process import procfs
 from gym_harness.process.harness_process import HarnessProcess
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
-ROOT = Path(__file__).parent.parent
 HOSTILE = ["env_cleared", "disguised", "keeper_killer", "fork_storm"]
-NOBODY = 65534
 #: The acceptance bound: nothing of the tree is alive this long after stop/close/SIGKILL.
 GONE_S = 2.0
 
@@ -97,7 +96,7 @@ def test_stop_ends_a_hostile_tree(mode: str, cgroup: bool, tmp_path: Path) -> No
         proc.stop()
     assert_tree_gone(pidfile, MINIMUM[mode])
     assert wait_gone([keeper]) == []
-    base = _keeper.cgroup_base()
+    base = procfs.cgroup_base()
     if base is not None:  # its cgroup went with it (or none was made)
         assert not list(Path(base).glob(f"gym_harness-{keeper}-*"))
 
@@ -134,7 +133,7 @@ def _stderr_readers() -> int:
 
 
 def test_the_tree_gets_a_cgroup_of_its_own_where_one_is_writable(tmp_path: Path) -> None:
-    base = _keeper.cgroup_base()
+    base = procfs.cgroup_base()
     if base is None:
         pytest.skip("no writable cgroup v2 hierarchy here: the subreaper alone contains trees")
     pidfile = tmp_path / "pids"
@@ -160,42 +159,6 @@ def _own_cgroup() -> str:
 # -- the owner's death ---------------------------------------------------------------
 
 
-def _blocked_ancestor(path: Path) -> Path | None:
-    """The first directory above ``path`` that others may not enter, if any."""
-    for parent in reversed(path.parents):
-        if not os.stat(parent).st_mode & 0o001:
-            return parent
-    return None
-
-
-def _nobody_prefix(workdir: Path) -> list[str] | str:
-    """The argv prefix that runs a command as uid 65534, or why that cannot be done."""
-    if os.geteuid() != 0:
-        return []  # already unprivileged
-    setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
-    if setpriv is None:
-        return "setpriv (util-linux) is not installed"
-    run_as = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-    # A venv's python is a link into the interpreter's tree: follow it.
-    python = Path(sys.executable).resolve()
-    blocked = _blocked_ancestor(python)
-    if blocked is None:
-        return run_as
-    if unshare is None:
-        return f"{blocked} is closed to other users and unshare is missing"
-    # Python lives under a directory others may not enter (/root here): in a private
-    # mount namespace, lay an open tmpfs over it that shows only the Python tree.
-    inner = blocked / python.relative_to(blocked).parts[0]
-    stage = workdir / "stage"
-    stage.mkdir()
-    script = (
-        'mount --bind "$1" "$3" && mount -t tmpfs -o mode=755 tmpfs "$2" && '
-        'mkdir -p "$1" && mount --move "$3" "$1" && shift 3 && exec "$@"'
-    )
-    mount = [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh"]
-    return [*mount, str(inner), str(blocked), str(stage), *run_as]
-
-
 @pytest.fixture(params=["root", "nobody"])
 def owner_user(request: pytest.FixtureRequest) -> Iterator[tuple[list[str], Path]]:
     """(argv prefix, a directory that user may write) for an owner process."""
@@ -206,12 +169,12 @@ def owner_user(request: pytest.FixtureRequest) -> Iterator[tuple[list[str], Path
             os.chmod(workdir, 0o755)
             if os.geteuid() == 0:
                 os.chown(workdir, NOBODY, NOBODY)
-            prefix = _nobody_prefix(workdir)
+            prefix = nobody_prefix(workdir)
             if isinstance(prefix, str):
                 pytest.skip(f"cannot run as an unprivileged user here: {prefix}")
             probe = subprocess.run(
                 [*prefix, sys.executable, "-c", "import gym_harness.env, psutil"],
-                env=_owner_env(workdir),
+                env=owner_env(workdir),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -223,10 +186,6 @@ def owner_user(request: pytest.FixtureRequest) -> Iterator[tuple[list[str], Path
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _owner_env(workdir: Path) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(workdir), HOME=str(workdir))
-
-
 class Owner:
     """tests/support/scripts/owner.py as a subprocess: its report, commands, and its SIGKILL."""
 
@@ -236,7 +195,7 @@ class Owner:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=_owner_env(workdir),
+            env=owner_env(workdir),
         )
         try:
             self.report = self.read()
@@ -293,19 +252,26 @@ def test_owner_sigkill_ends_a_hostile_tree(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("tier", ["auto", "strict", "off"])
 def test_owner_sigkill_mid_episode_leaves_no_workspace(
-    owner_user: tuple[list[str], Path],
+    owner_user: tuple[list[str], Path], tier: str
 ) -> None:
     prefix, workdir = owner_user
-    owner = Owner(prefix, workdir, "env")
+    if tier == "strict" and prefix:
+        pytest.skip("sandbox='strict' needs root (an unprivileged owner gets a ConfigError)")
+    owner = Owner(prefix, workdir, "env", tier)
     try:
         root = Path(str(owner.report["root"]))
         harness = int(owner.report["harness"])  # type: ignore[call-overload]
+        netns = int(owner.report["netns"])  # type: ignore[call-overload]
         assert root.parent == workdir and root.is_dir() and running(harness)
+        assert (netns != os.stat("/proc/self/ns/net").st_ino) == (tier == "strict")
     finally:
         owner.kill()
     assert wait_gone([harness], timeout_s=GONE_S) == []
-    assert _workspaces_gone(workdir)
+    assert _workspaces_gone(workdir)  # its tmp, home and hidden files with it
+    if tier == "strict":  # the namespace went with its last process and socket
+        assert netns not in namespaces_in_use()
 
 
 @pytest.mark.timeout(120)
@@ -345,7 +311,7 @@ def test_a_workspace_whose_permissions_a_harness_removed_is_still_deleted(
         pytest.skip("root ignores permission bits: only an unprivileged user can show this")
     done = subprocess.run(
         [*prefix, sys.executable, "-c", LOCK_AND_REMOVE, str(workdir)],
-        env=_owner_env(workdir),
+        env=owner_env(workdir),
         capture_output=True,
         text=True,
         timeout=60,

@@ -176,7 +176,8 @@ class OpenCodeHarness(_Preset):
         write_private(ctx.home / ".config" / "opencode" / "opencode.json", json.dumps(config))
         # On a fresh config dir OpenCode tries an npm install; a dead loopback registry stops it.
         write_private(ctx.home / ".npmrc", "registry=http://127.0.0.1:9/\n")
-        return [self.executable, "acp", "--pure"]
+        port = ["--port", str(ctx.serve_port)] if ctx.serve_port else []  # its own server's
+        return [self.executable, "acp", "--pure", *port]
 
     def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
         _, key = self.endpoint(ctx)

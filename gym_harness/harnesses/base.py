@@ -68,6 +68,8 @@ class EpisodeContext:
         policy_timeout_s: In model mode (``model_base_url`` is then the env's model
             endpoint), how long the policy may take to answer one model call: the
             adapter makes its CLI wait that long (its API and stream idle timeouts).
+        serve_port: A free loopback TCP port for a harness that serves on one of its
+            own (OpenCode's local server): the one a confined harness may bind.
     """
 
     episode_id: str
@@ -80,6 +82,7 @@ class EpisodeContext:
     model_base_url: str | None = None
     model_api_key: str | None = None
     policy_timeout_s: float | None = None
+    serve_port: int = 0
 
 
 @dataclass(slots=True)
@@ -169,10 +172,13 @@ class Launch:
     Args:
         config: The config to spawn, with ``command`` and ``env`` filled in.
         session: The episode's fresh session (not picklable, never leaves the env).
+        read_paths: More paths a confined harness may read and execute (beside the
+            install tree of its command, which is found from the command itself).
     """
 
     config: HarnessConfig
     session: HarnessSession
+    read_paths: tuple[str, ...] = ()
 
 
 class Harness(ABC):

@@ -32,8 +32,9 @@ import logging
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from gym_harness.errors import BridgeError, HarnessError
@@ -46,7 +47,7 @@ from gym_harness.loopback.connections import (
     connection_class,
 )
 
-__all__ = ["IDLE_TIMEOUT_S", "LoopbackServer", "RotatingToken", "run_sync"]
+__all__ = ["IDLE_TIMEOUT_S", "LoopbackServer", "RotatingToken", "listening_with", "run_sync"]
 
 _T = TypeVar("_T")
 
@@ -57,6 +58,10 @@ IDLE_TIMEOUT_S = 5.0
 _START_TIMEOUT_S = 10.0
 _CANCEL_WAIT_S = 0.2
 _BACKLOG = 128
+#: Makes the listening socket of the servers this thread starts (``listening_with``).
+_LISTENER: ContextVar[Callable[[], socket.socket] | None] = ContextVar(
+    "gym_harness_listener", default=None
+)
 # Shared by both servers; each adds its own. lifespan is never run: ``context`` replaces it.
 _BASE_CONFIG: dict[str, Any] = {
     "log_config": None,
@@ -117,6 +122,17 @@ class RotatingToken:
         """
         self._token = secrets.token_urlsafe(32)
         return self._token
+
+
+@contextlib.contextmanager
+def listening_with(make: Callable[[], socket.socket] | None) -> Iterator[None]:
+    """Servers started in this block listen on ``make()``'s bound socket (an env's
+    network namespace) instead of a new one on ``127.0.0.1``; ``None`` changes nothing."""
+    token = _LISTENER.set(make)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)
 
 
 class LoopbackServer:
@@ -224,9 +240,13 @@ class LoopbackServer:
         sock: socket.socket | None = None
         try:
             # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
+            make = _LISTENER.get()
+            if make is not None:
+                sock = make()
+            else:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", 0))
             sock.listen(_BACKLOG)
             sock.setblocking(False)
             loop = asyncio.new_event_loop()

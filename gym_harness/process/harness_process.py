@@ -31,7 +31,6 @@ import time
 import uuid
 import weakref
 from collections import deque
-from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
 
@@ -41,7 +40,10 @@ from gym_harness.config import ProcessSpec
 from gym_harness.errors import ConfigError, HarnessCrashed, HarnessStartError, TurnTimeout
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.process import keeper_client as _keeper_client
+from gym_harness.process import sandbox as _sandbox
 from gym_harness.process import tree as _tree
+from gym_harness.process.sandbox import Reach
+from gym_harness.process.tree import ProcessUsage
 from gym_harness.utils.interrupts import interrupts_held
 from gym_harness.utils.lines import READ_CHUNK, LineSplitter, read_batches
 
@@ -60,21 +62,6 @@ SESSION_VAR = _keeper_client.SESSION_VAR
 _STDERR_LINE_CAP = 64 * 1024
 _MIN_QUEUE_BYTES = 1 << 20
 _JOIN_S = 0.5
-
-
-@dataclass(frozen=True)
-class ProcessUsage:
-    """Resources used by a harness tree at one moment.
-
-    Args:
-        rss_bytes: Resident memory of every live process of the tree, summed.
-        cpu_seconds: User plus system CPU time of those processes.
-        num_processes: How many processes the tree has.
-    """
-
-    rss_bytes: int
-    cpu_seconds: float
-    num_processes: int
 
 
 class HarnessProcess:
@@ -103,10 +90,13 @@ class HarnessProcess:
         'hi'
     """
 
-    def __init__(self, spec: ProcessSpec) -> None:
+    def __init__(self, spec: ProcessSpec, reach: Reach | None = None) -> None:
         if not spec.command:
             raise ConfigError("HarnessConfig.command is empty; give the argv to start.")
         self.spec = spec
+        self.reach = reach
+        #: The protections in force (``sandbox.report``); confinement needs a ``reach``.
+        self.sandbox = _sandbox.report("off" if reach is None else spec.sandbox)
         self._marker = uuid.uuid4().hex
         self._state = Lifecycle.NEW
         self._lock = threading.Lock()
@@ -246,6 +236,11 @@ class HarnessProcess:
         return self._popen is not None and self._popen.keeper_lost
 
     @property
+    def limit(self) -> str:
+        """Which limit the keeper ended the tree for (``memory_limit_mb=...``), else ""."""
+        return self._popen.limit if self._popen is not None else ""
+
+    @property
     def returncode(self) -> int | None:
         """The exit code (``-N`` for signal N); ``None`` while running or before ``start``."""
         return self._popen.poll() if self._popen is not None else None
@@ -262,6 +257,12 @@ class HarnessProcess:
     def is_alive(self) -> bool:
         """Return True while the harness's own process runs."""
         return self._popen is not None and self._popen.poll() is None
+
+    def exit_report(self) -> tuple[int, str]:
+        """The harness's own exit code (0 while it runs, or when ``stop`` ended it) and
+        ``stderr_tail()``: what a step's info says of the process."""
+        code = self.exit_code
+        return 0 if code is None else int(code), self.stderr_tail()
 
     def stderr_tail(self) -> str:
         """Return the last ``stderr_tail_lines`` lines of stderr, joined by newlines."""
@@ -345,13 +346,22 @@ class HarnessProcess:
         if SESSION_VAR in os.environ:
             env[SESSION_VAR] = os.environ[SESSION_VAR]
         env[MARKER_VAR] = self._marker
+        reach, spec = self.reach if self.spec.sandbox != "off" else None, self.spec
+        if reach is not None:  # a private tmp, and home unless the config names one
+            env["TMPDIR"] = reach.tmp
+            env["HOME"] = spec.env.get("HOME", reach.home)
         self._state = Lifecycle.STOPPED  # until the spawn succeeds
         argv = self._resolve(env)
         keeper = None
         try:
             keeper = _keeper_client.acquire()
-            cwd = os.path.abspath(self.spec.cwd or os.getcwd())
-            popen = keeper.spawn(argv, env, cwd, self.spec.cgroup, self._marker)
+            cwd = os.path.abspath(spec.cwd or os.getcwd())
+            limits = (spec.memory_limit_mb, spec.max_processes)
+            policy = _sandbox.policy(
+                spec.sandbox, reach, argv, env, cwd, limits, spec.readable_paths
+            )
+            netns = reach.netns_fd if reach is not None else -1
+            popen = keeper.spawn(argv, env, cwd, spec.cgroup, self._marker, policy, netns)
         except OSError as exc:
             if keeper is not None:
                 _keeper_client.release(keeper)

@@ -48,14 +48,18 @@ import sys
 import time
 from array import array
 
+TYPE_CHECKING = False  # no typing import at run time
+if TYPE_CHECKING:
+    from typing import Any
+
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 << 20  # argv + environment are far below this
 _MAX_FDS = 8
 KILL_ROUNDS_S = 3.0
-_SYS_CLONE3 = 435  # the same number on x86_64 and aarch64 (the generic syscall table)
-_CLONE_INTO_CGROUP = 0x200000000
 CGROUP_RMDIR_S = 1.0
+#: How often the keeper looks at a tree that has a memory or process limit.
+LIMIT_POLL_S = 0.05
 #: Dispositions the keeper changes, restored to default in the harness.
 _RESET_SIGNALS = (
     signal.SIGHUP,
@@ -101,84 +105,6 @@ class FrameReader:
         return messages
 
 
-def descendants(root: int) -> list[int]:
-    """Every live descendant of ``root``, parents before children, from ``/proc``."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue  # gone
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split(b" ", 2)
-        if len(fields) >= 2 and fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(name))
-    found, queue = [], [root]
-    while queue:
-        for pid in children.get(queue.pop(), ()):
-            found.append(pid)
-            queue.append(pid)
-    return found
-
-
-def cgroup_base() -> str | None:
-    """The directory of this process's cgroup v2 when we may create cgroups in it."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
-        with open("/proc/self/mountinfo") as f:
-            mounts = [line.split() for line in f]
-    except OSError:
-        return None
-    if own is None:
-        return None
-    for fields in mounts:
-        sep = fields.index("-") if "-" in fields else -1
-        if sep < 0 or fields[sep + 1] != "cgroup2":
-            continue
-        root, point = fields[3], fields[4]
-        rel = own if root == "/" else own[len(root) :] if own.startswith(root) else None
-        if rel is None:
-            continue
-        base = point + rel.rstrip("/")
-        if os.access(base, os.W_OK) and os.access(f"{base}/cgroup.procs", os.W_OK):
-            return base
-    return None
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def remove_tree(path: str) -> None:
-    """Delete ``path`` and everything in it, restoring permissions a harness removed."""
-    import shutil  # only at the end of the keeper's life, or in the owner
-
-    def fix(_func: object, failed: str, _exc: object) -> None:
-        try:
-            os.chmod(os.path.dirname(failed), 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                os.unlink(failed)
-        except OSError:
-            pass
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=fix)
-
-
 class _Keeper:
     def __init__(self, sock: _socket.socket, setpriv: str) -> None:
         self.sock = sock
@@ -192,6 +118,9 @@ class _Keeper:
         self.serial = 0
         self.paths: set[str] = set()
         self.fds: list[int] = []
+        #: The tree's (memory MiB, processes) limits, each None for none; when checked last.
+        self.limits: tuple[int | None, int | None] = (None, None)
+        self.checked = 0.0
         self.reader = FrameReader()
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -206,7 +135,11 @@ class _Keeper:
         poller.register(self.sock.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         while True:
-            for fd, _ in poller.poll():
+            watching = self.root and self.limits != (None, None)
+            events = poller.poll(int(LIMIT_POLL_S * 1000) if watching else None)
+            if watching and time.monotonic() - self.checked >= LIMIT_POLL_S:
+                self._check_limits()
+            for fd, _ in events:
                 if fd == self.wake_r:
                     self._drain_wake()
                     self._reap()
@@ -240,7 +173,8 @@ class _Keeper:
         op = message[0]
         if op == "spawn":
             argv, env, cwd, cgroup = message[1:5]
-            self._spawn(argv, env, cwd, bool(cgroup))  # type: ignore[arg-type]
+            policy = message[5] if len(message) > 5 and isinstance(message[5], dict) else {}
+            self._spawn(argv, env, cwd, bool(cgroup), policy)  # type: ignore[arg-type]
         elif op == "end":
             self._end(float(message[1]))  # type: ignore[arg-type]
             self._send(("ended", self.code))
@@ -259,47 +193,40 @@ class _Keeper:
         self._end(0.0)
         for path in sorted(self.paths):
             try:
-                remove_tree(path)
+                _fs.remove_tree(path)
             except OSError:
                 continue
 
     # -- spawn -------------------------------------------------------------
 
-    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str, cgroup: bool) -> None:
-        fds, self.fds = self.fds[:3], self.fds[3:]
+    def _spawn(
+        self, argv: list[str], env: dict[str, str], cwd: str, cgroup: bool, policy: dict
+    ) -> None:
+        netns = bool(policy.get("netns"))
+        want = 4 if netns else 3
+        fds, self.fds = self.fds[:want], self.fds[want:]
+        prepared = None
         try:
-            if len(fds) != 3:
+            if len(fds) != want:
                 raise OSError(0, "the spawn request carried no pipes")
             if self._reap():
                 self._end(0.0)  # one tree per keeper; the owner ended the last one
             self.code, self.cgroup = None, ""
+            self.limits = (policy.get("memory_mb"), policy.get("processes"))
             if cgroup:
                 self.cgroup = self._new_cgroup()
+                self._limit_cgroup()
             os.chdir(cwd)
-            if self.setpriv:
-                argv = [self.setpriv, "--pdeathsig", "KILL", "--", *argv]
-            pid = 0
-            if self.cgroup:  # forked inside its cgroup: no fork of the harness escapes it
-                try:
-                    pid = _spawn_into_cgroup(self.cgroup, argv, env, fds)
-                except _CloneFailed:  # clone3 refused (a seccomp filter?): subreaper alone
-                    self._drop_cgroup()
-                    self.cgroup_home = None
-            if not pid:
-                pid = os.posix_spawn(
-                    argv[0],
-                    argv,
-                    env,
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(fds)],
-                    setsid=True,
-                    setsigdef=_RESET_SIGNALS,
-                    setsigmask=(),
-                )
+            if policy.get("confine") is not None:
+                prepared = _module("confine").prepare(policy["confine"])
+            pid = self._fork_exec(argv, env, fds, prepared)
         except OSError as exc:
             self._drop_cgroup()
             self._send(("error", exc.errno or 0, _describe(exc)))
             return
         finally:
+            if prepared is not None:
+                prepared.close()
             for fd in fds:
                 os.close(fd)
             try:  # noqa: SIM105
@@ -307,13 +234,50 @@ class _Keeper:
             except OSError:
                 pass
         self.root = pid
+        self.checked = time.monotonic()
         self._send(("spawned", pid, self.cgroup))
+
+    def _fork_exec(
+        self, argv: list[str], env: dict[str, str], fds: list[int], prepared: object
+    ) -> int:
+        """Start the harness: forked with setup code (forkexec) where a cgroup, a
+        namespace or confinement needs it, else by posix_spawn (no code between
+        fork and exec; ``setpriv`` sets the parent-death signal)."""
+        special = prepared is not None or len(fds) == 4
+        if self.cgroup or special:
+            forkexec = _module("forkexec")
+            options = {
+                "reset_signals": _RESET_SIGNALS,
+                "netns_fd": fds[3] if len(fds) == 4 else -1,
+                "confine": None if prepared is None else lambda: _module("confine").apply(prepared),
+            }
+            if self.cgroup:  # forked inside its cgroup: no fork of the harness escapes it
+                try:
+                    return int(
+                        forkexec.fork_exec(argv, env, fds[:3], cgroup=self.cgroup, **options)
+                    )
+                except forkexec.CloneFailed:  # clone3 refused (a seccomp filter?)
+                    self._drop_cgroup()
+                    self.cgroup_home = None
+            if special:
+                return int(forkexec.fork_exec(argv, env, fds[:3], **options))
+        if self.setpriv:
+            argv = [self.setpriv, "--pdeathsig", "KILL", "--", *argv]
+        return os.posix_spawn(
+            argv[0],
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate(fds)],
+            setsid=True,
+            setsigdef=_RESET_SIGNALS,
+            setsigmask=(),
+        )
 
     def _new_cgroup(self) -> str:
         if not self.cgroups_probed:
             self.cgroups_probed = True
             known = os.uname().machine in ("x86_64", "aarch64")  # where clone3 is 435
-            self.cgroup_home = cgroup_base() if known else None
+            self.cgroup_home = _fs.cgroup_base() if known else None
         if self.cgroup_home is None:
             return ""
         self.serial += 1
@@ -345,6 +309,51 @@ class _Keeper:
                     return
                 time.sleep(0.005)  # the last processes are still leaving it
 
+    # -- limits ------------------------------------------------------------
+
+    def _limit_cgroup(self) -> None:
+        """Have the kernel enforce the limits where the cgroup has the controllers."""
+        memory_mb, processes = self.limits
+        for name, value in (("memory.max", memory_mb and memory_mb << 20), ("pids.max", processes)):
+            if value and os.path.exists(f"{self.cgroup}/{name}"):
+                try:  # noqa: SIM105
+                    _fs.write_file(f"{self.cgroup}/{name}", str(value))
+                except OSError:
+                    pass  # the watch below still holds the limit
+
+    def _check_limits(self) -> None:
+        """End the tree if it went past a limit, telling the owner which first.
+
+        The kernel's own counts come first (a cgroup's ``pids.events`` and
+        ``memory.events``, where the controllers are there); the watch, every
+        ``LIMIT_POLL_S``, counts the tree's processes and sums their resident memory.
+        """
+        self.checked = time.monotonic()
+        memory_mb, processes = self.limits
+        pids = self._members()
+        breach = ""
+        if processes is not None and (
+            len(pids) > processes or _fs.cgroup_event(self.cgroup, "pids", "max")
+        ):
+            breach = f"max_processes={processes}: the tree reached {len(pids)} processes"
+        elif memory_mb is not None:
+            resident = sum(_fs.resident_bytes(pid) for pid in pids)
+            if resident > memory_mb << 20 or _fs.cgroup_event(self.cgroup, "memory", "oom_kill"):
+                breach = f"memory_limit_mb={memory_mb}: the tree held {resident >> 20} MiB resident"
+        if breach:
+            self._send(("limit", self.root, breach))
+            self.limits = (None, None)
+            self._end(0.0)
+
+    def _members(self) -> list[int]:
+        if self.cgroup:
+            try:
+                with open(f"{self.cgroup}/cgroup.procs") as f:
+                    return [int(line) for line in f if line.strip()]
+            except (OSError, ValueError):
+                pass
+        return _fs.descendants(self.me)
+
     # -- end ---------------------------------------------------------------
 
     def _end(self, grace_s: float) -> None:
@@ -354,7 +363,7 @@ class _Keeper:
             self._wait_empty(time.monotonic() + grace_s)
         if self.cgroup:
             try:  # noqa: SIM105
-                _write(f"{self.cgroup}/cgroup.kill", "1")
+                _fs.write_file(f"{self.cgroup}/cgroup.kill", "1")
             except OSError:
                 pass
         deadline = time.monotonic() + KILL_ROUNDS_S
@@ -364,7 +373,7 @@ class _Keeper:
         self._drop_cgroup()
 
     def _signal_all(self, sig: int) -> None:
-        for pid in descendants(self.me):
+        for pid in _fs.descendants(self.me):
             try:
                 os.kill(pid, sig)
             except OSError:
@@ -398,61 +407,23 @@ class _Keeper:
             pass
 
 
-class _CloneFailed(OSError):
-    """clone3 itself failed (nothing was started)."""
+_MODULES: dict[str, object] = {}
+#: ``gym_harness.process.procfs``, loaded by ``main`` (the keeper's own process only).
+_fs: Any = None
 
 
-def _spawn_into_cgroup(cgroup: str, argv: list[str], env: dict[str, str], fds: list[int]) -> int:
-    """Fork straight into ``cgroup`` (clone3 with CLONE_INTO_CGROUP) and exec ``argv``.
+def _module(name: str) -> Any:
+    """A sibling stdlib-only module (``forkexec``, ``confine``), loaded by its path once."""
+    if name not in _MODULES:
+        import importlib.util
 
-    Moving a process between cgroups waits for an RCU grace period (measured here:
-    ~16 ms on a loaded machine); a clone into the cgroup does not. Python has no
-    clone3, so it is called through ctypes; the keeper is single-threaded, so the
-    child is as safe as after ``os.fork`` and only dup2s, resets signals and execs.
-
-    Raises:
-        OSError: The clone or the exec failed (the exec's errno is reported back).
-    """
-    import ctypes
-
-    libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the clone
-    libc.syscall.restype = ctypes.c_long
-    args = (ctypes.c_uint64 * 11)()  # struct clone_args, CLONE_ARGS_SIZE_VER2
-    dirfd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
-    err_r, err_w = os.pipe()  # both close-on-exec: EOF on err_r means the exec worked
-    args[0], args[4], args[10] = _CLONE_INTO_CGROUP, signal.SIGCHLD, dirfd
-    try:
-        pid = libc.syscall(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
-        if pid == 0:  # the child
-            try:
-                for n, fd in enumerate(fds):
-                    os.dup2(fd, n)
-                os.setsid()
-                for sig in _RESET_SIGNALS:
-                    signal.signal(sig, signal.SIG_DFL)
-                os.execve(argv[0], argv, env)
-            except BaseException as exc:
-                code = exc.errno if isinstance(exc, OSError) and exc.errno else 1
-                os.write(err_w, str(code).encode())
-            finally:
-                os._exit(127)
-        if pid < 0:
-            code = ctypes.get_errno()
-            raise _CloneFailed(code, f"clone3 into {cgroup}: {os.strerror(code)}")
-        os.close(err_w)
-        err_w = -1
-        report = b""
-        while chunk := os.read(err_r, 64):
-            report += chunk
-        if report:
-            os.waitpid(pid, 0)
-            code = int(report)
-            raise OSError(code, os.strerror(code), argv[0])
-        return int(pid)
-    finally:
-        for fd in (dirfd, err_r, err_w):
-            if fd >= 0:
-                os.close(fd)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_gym_harness_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _MODULES[name] = module
+    return _MODULES[name]
 
 
 def _describe(exc: OSError) -> str:
@@ -468,10 +439,13 @@ def _prctl(*args: int) -> None:
 
 def main(argv: list[str]) -> None:
     """Entry point of the keeper process: ``keeper.py SOCKET_FD [SETPRIV]``."""
+    global _fs
+    _fs = _module("procfs")
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _prctl(_PR_SET_DUMPABLE, 0)  # no ptrace, no pidfd_getfd of our socket by the harness
+    os.set_inheritable(int(argv[1]), False)  # pass_fds made it inheritable: no harness gets it
     sock = _socket.socket(fileno=int(argv[1]))
     keeper = _Keeper(sock, argv[2] if len(argv) > 2 else "")
     try:

@@ -75,6 +75,8 @@ class Child:
         self.marker = marker
         self.keeper = keeper
         self.keeper_lost = False
+        #: Which limit the keeper ended the tree for ("" while none was passed).
+        self.limit = ""
         self.returncode: int | None = None
         self._exited = threading.Event()
 
@@ -138,9 +140,19 @@ class KeeperClient:
             self.send(("own", path))
 
     def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, cgroup: bool, marker: str
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        cgroup: bool,
+        marker: str,
+        policy: Mapping[str, object] | None = None,
+        netns_fd: int = -1,
     ) -> Child:
         """Have the keeper start ``argv`` (an absolute path first) in a new session.
+
+        ``policy`` (``sandbox.policy``) confines and limits it; ``netns_fd`` is a network
+        namespace it starts in (sent with the pipes), if not -1.
 
         Raises:
             OSError: The keeper could not start it (``errno`` set), or the keeper is lost.
@@ -150,8 +162,9 @@ class KeeperClient:
         stderr_r, stderr_w = os.pipe()
         ours = (stdin_w, stdout_r, stderr_r)
         try:
-            message = ("spawn", list(argv), dict(env), cwd, cgroup)
-            reply = self._request(message, (stdin_r, stdout_w, stderr_w), _REPLY_TIMEOUT_S)
+            message = ("spawn", list(argv), dict(env), cwd, cgroup, dict(policy or {}))
+            fds = (stdin_r, stdout_w, stderr_w, *([netns_fd] if netns_fd >= 0 else []))
+            reply = self._request(message, fds, _REPLY_TIMEOUT_S)
         except BaseException:
             for fd in ours:
                 os.close(fd)
@@ -212,7 +225,12 @@ class KeeperClient:
 
     def deliver(self, message: tuple[object, ...]) -> None:
         """Route one message from the keeper (the watcher thread calls this)."""
-        if message[0] == "exit":
+        if message[0] == "limit":  # before the exit it causes
+            with self._send_lock:
+                child = self.child
+            if child is not None and child.pid == message[1]:
+                child.limit = str(message[2])
+        elif message[0] == "exit":
             pid, code = int(message[1]), int(message[2])  # type: ignore[call-overload]
             with self._send_lock:
                 child = self.child

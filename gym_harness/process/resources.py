@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from gym_harness.process import keeper_client as _keeper_client
+from gym_harness.process import sandbox as _sandbox
+from gym_harness.process.sandbox import Reach
 from gym_harness.process.workspaces import disown_path, episode_dirs, new_root, remove_path
 from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
+    from gym_harness.process.netns import NetworkNamespace
     from gym_harness.tasks import Task
 
 __all__ = ["EnvResources", "Stoppable"]
@@ -39,19 +45,27 @@ class Stoppable(Protocol):
 
 
 class EnvResources:
-    """One env's keeper hold, episode directories, harness process and services.
+    """One env's keeper hold, episode directories, harness process, services and sandbox.
 
     The first ``new_episode`` holds a keeper (so one keeper serves every episode, and
     owns the root from the start) and makes the root; each episode gets a directory of
-    its own, removed by ``end_episode``.
+    its own, removed by ``end_episode``. With ``sandbox="strict"`` the env has a network
+    namespace, made with its first server's socket, released last.
 
     Args:
         template: A directory copied into every episode's workspace, if any.
         keep: Keep the directories (for inspection); nobody removes them then.
+        sandbox: The ``HarnessConfig.sandbox`` tier.
+
+    Raises:
+        ConfigError: ``sandbox="strict"`` cannot be enforced here (the message says why).
     """
 
-    def __init__(self, template: Path | None, keep: bool) -> None:
-        self.template = template
+    def __init__(self, template: str | Path | None, keep: bool, sandbox: str = "off") -> None:
+        _sandbox.check(sandbox)
+        self.sandbox = sandbox
+        self.netns: NetworkNamespace | None = None
+        self.template = None if template is None else Path(template)
         self.keep = keep
         self.root: Path | None = None
         #: The current episode's directory (``workspace/`` and ``home/`` in it), if any.
@@ -61,6 +75,7 @@ class EnvResources:
         #: The env's loopback services, stopped last.
         self.services: list[Stoppable] = []
         self._held = False
+        self._serve_port = 0
 
     def own(self, service: S) -> S:
         """Have ``release`` stop ``service`` (a loopback server); return it."""
@@ -82,6 +97,47 @@ class EnvResources:
                 self.root = new_root(self.keep)
             self.current = self.root / episode_id
         return episode_dirs(self.current, self.template, task)
+
+    def scored_dirs(self) -> tuple[Path, Path]:
+        """The current episode's workspace and its directory of hidden task files."""
+        assert self.current is not None, "no episode"
+        return self.current / "workspace", self.current / "hidden"
+
+    def listener(self) -> Callable[[], socket.socket] | None:
+        """What makes the env's listening sockets: in its namespace (strict), or None."""
+        return self._listen if self.sandbox == "strict" else None
+
+    def _listen(self) -> socket.socket:
+        from gym_harness.process.netns import NetworkNamespace
+
+        with interrupts_held():
+            if self.netns is None:  # OSError: the server's start says it failed, and why
+                self.netns = NetworkNamespace()
+            return self.netns.listener()
+
+    def free_port(self) -> int:
+        """A loopback TCP port free now (in the env's namespace, with ``"strict"``), for the
+        current episode's harness to serve on: its ``reach`` lets it bind that one."""
+        make = self.listener()
+        sock = make() if make is not None else socket.create_server(("127.0.0.1", 0))
+        with sock:
+            self._serve_port = int(sock.getsockname()[1])
+        return self._serve_port
+
+    def reach(self, urls: Sequence[str | None], read: Sequence[str]) -> Reach:
+        """What the current episode's harness may reach: its directories, the ports of
+        ``urls`` (the env's endpoints) and of ``free_port``, and ``read``."""
+        assert self.current is not None
+        ports = tuple(urlsplit(url).port or 80 for url in urls if url)
+        return Reach(
+            workspace=str(self.current / "workspace"),
+            home=str(self.current / "home"),
+            tmp=str(self.current / "tmp"),
+            ports=ports,
+            serve_ports=(self._serve_port,) if self._serve_port else (),
+            read=tuple(read),
+            netns_fd=-1 if self.netns is None else self.netns.fd,
+        )
 
     def end_episode(self) -> None:
         """Stop the episode's harness and remove its directory (unless kept). Never raises."""
@@ -122,3 +178,6 @@ class EnvResources:
                 if self._held:
                     self._held = False
                     _keeper_client.unhold()
+                netns, self.netns = self.netns, None
+                if netns is not None:  # after the harness and the servers: nothing is in it
+                    netns.close()

@@ -18,15 +18,31 @@ import signal
 import subprocess
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
 
-__all__ = ["end", "end_lost", "marked_pids", "snapshot", "usage"]
+__all__ = ["ProcessUsage", "end", "end_lost", "marked_pids", "snapshot", "usage"]
 
 MARKER_VAR = "GYM_HARNESS_MARKER"
 _LOST_KILL_S = 1.0
 _REAP_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """Resources used by a harness tree at one moment.
+
+    Args:
+        rss_bytes: Resident memory of every live process of the tree, summed.
+        cpu_seconds: User plus system CPU time of those processes.
+        num_processes: How many processes the tree has.
+    """
+
+    rss_bytes: int
+    cpu_seconds: float
+    num_processes: int
 
 
 class Keeper(Protocol):

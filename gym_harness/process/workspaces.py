@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gym_harness.errors import HarnessStartError
-from gym_harness.process import keeper as _keeper
 from gym_harness.process import keeper_client as _keeper_client
+from gym_harness.process import procfs
 
 if TYPE_CHECKING:
     from gym_harness.tasks import Task
@@ -37,15 +37,22 @@ def new_root(keep: bool) -> Path:
 
 
 def episode_dirs(episode_dir: Path, template: Path | None, task: Task | None) -> tuple[Path, Path]:
-    """Make an episode's ``workspace`` (a copy of ``template``, then the task's files)
-    and its private ``home`` under ``episode_dir``; return both."""
+    """Make an episode's directories under ``episode_dir``; return the first two.
+
+    ``workspace`` (a copy of ``template``, then the task's files), the private
+    ``home`` and ``tmp`` of the harness, and ``hidden`` (the task's hidden files,
+    for the reward function: a confined harness cannot reach it).
+    """
     workspace, home = episode_dir / "workspace", episode_dir / "home"
     if template is not None:
         shutil.copytree(template, workspace, symlinks=True)
     workspace.mkdir(parents=True, exist_ok=True)
     home.mkdir(mode=0o700)
+    (episode_dir / "tmp").mkdir(mode=0o700)
+    (episode_dir / "hidden").mkdir(mode=0o700)
     if task is not None:
         task.write_files(workspace)
+        task.write_files(episode_dir / "hidden", hidden=True)
     return workspace, home
 
 
@@ -77,4 +84,4 @@ def remove_path(path: str | os.PathLike[str]) -> None:
     Never raises.
     """
     with contextlib.suppress(OSError):
-        _keeper.remove_tree(os.fspath(path))
+        procfs.remove_tree(os.fspath(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -41,3 +42,15 @@ def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
         time.sleep(0.02)
         left = [pid for pid in left if running(pid)]
     return left
+
+
+def namespaces_in_use() -> set[int]:
+    """The inodes of every network namespace a live process is in (what ``/proc`` shows)."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                found.add(os.stat(f"/proc/{name}/ns/net").st_ino)
+            except OSError:
+                continue  # gone, or not ours to look at
+    return found

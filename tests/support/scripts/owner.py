@@ -6,8 +6,10 @@
     owner.py process MODE PIDFILE [--no-cgroup]
                                           a HarnessProcess running a hostile mode of
                                           harness.py: {"harness": pid, "keeper": pid}
-    owner.py env                          a HarnessEnv mid-episode (one turn done) on
-                                          tests/support/line_agent.py: {"root": dir, "harness": pid}
+    owner.py env [TIER]                   a HarnessEnv mid-episode (one turn done) on
+                                          tests/support/line_agent.py, with sandbox=TIER
+                                          (default "auto"): {"root": dir, "harness": pid,
+                                          "netns": the harness's network namespace inode}
     owner.py vector N                     an AsyncVectorEnv of N such envs after reset:
                                           {"workers": [pid, ...], "harnesses": [pid, ...]}
 
@@ -20,6 +22,7 @@ waits to be killed (bounded: 60 s).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,11 +88,14 @@ def main() -> None:
     elif kind == "env":
         from gym_harness.env import HarnessEnv
 
-        env = HarnessEnv("command", command=[sys.executable, AGENT])
+        tier = sys.argv[2] if len(sys.argv) > 2 else "auto"
+        env = HarnessEnv("command", command=[sys.executable, AGENT], sandbox=tier)
         env.reset(seed=0)
         env.step("hello")  # mid-episode: one turn done, the next not asked
         assert env.workspace is not None and env.process is not None
-        report({"root": str(env.workspace.parent.parent), "harness": env.process.pid})
+        pid = env.process.pid
+        netns = os.stat(f"/proc/{pid}/ns/net").st_ino
+        report({"root": str(env.workspace.parent.parent), "harness": pid, "netns": netns})
         serve(None)
     elif kind == "vector":
         import gymnasium
