@@ -32,6 +32,7 @@ from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.env import HarnessEnv
 from gym_harness.process import procfs
 from gym_harness.process.harness_process import HarnessProcess
+from gym_harness.process.workspaces import remove_path
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
@@ -327,3 +328,23 @@ def _workspaces_gone(workdir: Path) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_removal_never_changes_the_mode_of_what_holds_the_tree(tmp_path: Path) -> None:
+    """A tree whose own directory cannot be removed (here: a mount point, EBUSY) is
+    emptied, and the directory above it keeps its mode (it may be the shared /tmp)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to make a mount point that cannot be removed")
+    holder = tmp_path / "holder"
+    tree = holder / "tree"
+    tree.mkdir(parents=True)
+    os.chmod(holder, 0o1777)
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(tree)], check=True, timeout=10)
+    try:
+        (tree / "inner").mkdir()
+        (tree / "inner" / "file").write_text("x")
+        remove_path(tree)
+        assert os.stat(holder).st_mode & 0o7777 == 0o1777
+        assert list(tree.iterdir()) == []  # emptied; only the mount point itself stayed
+    finally:
+        subprocess.run(["umount", str(tree)], check=True, timeout=10)

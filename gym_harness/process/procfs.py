@@ -81,12 +81,20 @@ def write_file(path: str, text: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """Delete ``path`` and everything in it, restoring permissions a harness removed."""
+    """Delete ``path`` and everything in it, restoring permissions a harness removed.
+
+    Only directories inside ``path`` (and ``path`` itself) are ever chmodded: never its
+    parent (the temp dir), whatever fails.
+    """
     import shutil  # only at the end of the keeper's life, or in the owner
+
+    top = os.path.abspath(path)
 
     def fix(_func: object, failed: str, _exc: object) -> None:
         try:
-            os.chmod(os.path.dirname(failed), 0o700)
+            parent = os.path.dirname(os.path.abspath(failed))
+            if parent == top or parent.startswith(top + os.sep):
+                os.chmod(parent, 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, 0o700)
                 shutil.rmtree(failed, ignore_errors=True)
