@@ -134,6 +134,8 @@ def main_ops(w: World) -> list[list[object]]:
         ["write_outside", "write", w.out / "new.txt"],
         ["symlink_escape", "symlink", w.out / "file.txt", w.rw / "link"],
         ["hardlink_escape", "link", w.out / "file.txt", w.rw / "hard"],
+        ["rename_out", "rename", w.rw / "file.txt", w.out / "moved.txt"],
+        ["truncate_outside", "truncate", w.out / "file.txt"],
         ["device_granted", "write", "/dev/null"],
         ["device_not_granted", "read", "/dev/zero"],
         ["exec_system", "exec", "/usr/bin/true"],
@@ -182,6 +184,8 @@ EXPECTED: dict[str, tuple[object, object]] = {
     "write_outside": ("ok", "EACCES"),
     "symlink_escape": ("ok", "EACCES"),
     "hardlink_escape": ("ok", "EXDEV"),
+    "rename_out": ("ok", "EACCES"),
+    "truncate_outside": ("ok", "EACCES"),
     "device_granted": ("ok", "ok"),
     "device_not_granted": ("ok", "EACCES"),
     "exec_system": (0, 0),
@@ -222,6 +226,7 @@ def root_runs(world: World) -> tuple[dict[str, object], dict[str, object]]:
     for leftover in ("new.txt", "link", "hard"):
         for folder in (world.ro, world.rw, world.out):
             (folder / leftover).unlink(missing_ok=True)
+    (world.out / "moved.txt").rename(world.rw / "file.txt")  # the baseline's rename, undone
     ops.append(["ptrace_parent", "ptrace", os.getpid()])  # never unconfined: it would stop us
     confined = run_probe({"policy": world.policy(), "ops": ops})
     return free, confined
@@ -330,24 +335,27 @@ def test_as_uid_65534_no_capability_after_exec(
     assert caps["CapEff"] == caps["CapPrm"] == caps["CapAmb"] == "0" * 16
 
 
-@pytest.mark.parametrize(
-    ("policy", "free_key", "denied_key"),
-    [
-        # seccomp alone: Landlock's denials are gone, the filter's remain.
-        ({"seccomp": True}, "connect_denied", "udp"),
-        # Landlock alone: the filter's denials are gone, Landlock's ptrace rule remains.
-        ({"read": ["/"], "write": ["/"], "connect": [], "scope": True}, "udp", "ptrace_other"),
-    ],
-    ids=["seccomp_only", "landlock_only"],
-)
+#: One layer at a time: each denies its own operations and only those.
+LAYERS = {
+    "seccomp_only": (
+        {"seccomp": True},
+        {"connect_denied": "ok", "kill_parent": "ok", "udp": "EPERM", "ptrace_other": "EPERM"},
+    ),
+    "landlock_only": (
+        {"read": ["/"], "write": ["/"], "connect": [], "scope": True},
+        {"connect_denied": "EACCES", "kill_parent": "EPERM", "udp": "ok", "ptrace_other": "EPERM"},
+    ),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
 @needs_root
-def test_each_layer_denies_on_its_own(
-    world: World, policy: dict[str, object], free_key: str, denied_key: str
-) -> None:
-    ops = [op for op in main_ops(world) if op[0] in (free_key, denied_key, "connect_denied")]
-    outcome = run_probe({"policy": policy, "ops": ops})
-    assert outcome[free_key] == "ok"
-    assert outcome[denied_key] == "EPERM"
+def test_each_layer_denies_on_its_own(world: World, layer: str) -> None:
+    policy, expected = LAYERS[layer]
+    outcome = run_probe(
+        {"policy": policy, "ops": [op for op in main_ops(world) if op[0] in expected]}
+    )
+    assert outcome == expected
 
 
 @needs_root

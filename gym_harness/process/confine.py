@@ -224,7 +224,7 @@ def _netns_check() -> str:
     pid = os.fork()
     if pid == 0:  # only calls into the libc already loaded, then leaves
         failed = libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        os._exit(libc.ctypes.get_errno() or 1 if failed else 0)
+        os._exit((libc.ctypes.get_errno() or 1) if failed else 0)
     deadline = time.monotonic() + _NETNS_WAIT_S
     while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
         time.sleep(0.001)

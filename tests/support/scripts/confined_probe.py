@@ -14,6 +14,7 @@ a value, or the errno's name (``"EACCES"``). Ops:
     read PATH / write PATH / listdir PATH   open for reading / create and write / list
     symlink TARGET LINK            create LINK -> TARGET, then read through it
     link TARGET LINK               hard-link TARGET as LINK
+    rename FROM TO / truncate PATH  rename / truncate(2) by path
     exec ARGV...                   run it; its exit code
     connect PORT / bind PORT       TCP on 127.0.0.1
     fastopen PORT                  TCP Fast Open: sendto(MSG_FASTOPEN) to 127.0.0.1
@@ -84,7 +85,8 @@ def _in_child(body: object) -> str:
 
 
 def _raw_clone(flags: int) -> str:
-    pid = libc.syscall(ctypes.c_long(_SYS_CLONE), ctypes.c_long(flags | _SIGCHLD), 0, 0, 0, 0)
+    words = [ctypes.c_long(w) for w in (_SYS_CLONE, flags | _SIGCHLD, 0, 0, 0, 0)]
+    pid = libc.syscall(*words)  # stack 0: the child runs on a copy of ours, like fork
     if pid == 0:
         os._exit(0)  # the child of a raw clone leaves at once
     if pid < 0:
@@ -165,6 +167,10 @@ def run(op: str, args: list[object], confine: object) -> object:
                 f.read(1)
         elif op == "link":  # hard-link TARGET as LINK
             os.link(str(args[0]), str(args[1]))
+        elif op == "rename":
+            os.rename(str(args[0]), str(args[1]))
+        elif op == "truncate":  # by path, no open
+            os.truncate(str(args[0]), 0)
         elif op == "exec":
             argv = [str(a) for a in args]
             return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode
