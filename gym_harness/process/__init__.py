@@ -7,6 +7,9 @@
 * :mod:`~gym_harness.process.keeper_client`: the owner's side of the keepers (spawn
   requests, a watcher thread, the pool of idle keepers; ``hold``/``unhold`` keep one
   ready between harnesses).
+* :mod:`~gym_harness.process.confine`: the kernel confinement a harness gets between
+  fork and exec (Landlock, no-new-privs, capabilities, seccomp; standard library only,
+  loaded by the keeper by file path).
 * :mod:`~gym_harness.process.tree`: finding and ending a harness's whole tree.
 * :mod:`~gym_harness.process.workspaces`: the episode directories the keepers remove
   when their owner dies.

@@ -1,30 +1,25 @@
 """Kernel confinement of one harness: Landlock, no-new-privs, capabilities, seccomp.
 
 The keeper calls :func:`prepare` before it forks a harness (it opens the policy's paths
-and builds the kernel objects: a Landlock ruleset fd and a packed seccomp program) and
+and builds the kernel objects: a Landlock ruleset fd and a packed seccomp program), and
 :func:`apply` in the forked child just before ``execve``, where only system calls are
 left to make. The keeper loads this file by path and runs as ``python -I -S``: it
 imports built-in modules only, and ``ctypes`` and ``struct`` on first use.
 
-What each layer enforces:
+What each layer enforces (the policy keys that ask for it in parentheses):
 
-======================  ===============================================================
-no_new_privs            ``execve`` grants nothing: setuid bits and file capabilities are
-                        ignored. Always set; Landlock and seccomp need it.
-capabilities            (``drop_caps``) bounding set emptied (when CAP_SETPCAP is held),
-                        ambient cleared, effective/permitted/inheritable zeroed: root
-                        execs with no capability.
-Landlock filesystem     (``read``/``write``/``devices``) open, execute, list, create,
-                        remove, rename/link (ABI 2), truncate (ABI 3) and device ioctls
-                        (ABI 5) only beneath the granted paths. Every right the running
-                        ABI knows is handled, so anything not granted is denied.
-Landlock ptrace         (any ruleset) no ptrace of, and no ``/proc/<pid>/environ``,
-                        ``mem`` ... of, a process outside the sandbox.
-Landlock TCP (ABI 4)    (``connect``/``bind``) TCP connect and bind to the listed ports.
-Landlock scope (ABI 6)  (``scope``) no signal to, and no connect to an abstract unix
-                        socket of, a process outside the sandbox (the keeper included).
-seccomp                 (``seccomp``) the calls of :data:`SECCOMP_WHY`.
-======================  ===============================================================
+* no_new_privs (always; Landlock and seccomp need it): ``execve`` grants nothing, setuid
+  bits and file capabilities are ignored.
+* capabilities (``drop_caps``): bounding set emptied (when CAP_SETPCAP is held), ambient
+  cleared, effective/permitted/inheritable zeroed: root execs with no capability.
+* Landlock files (``read``/``write``/``devices``): open, execute, list, create, remove,
+  rename/link (ABI 2), truncate (ABI 3), device ioctls (ABI 5) only beneath the granted
+  paths. Every right the running ABI knows is handled: what is not granted is denied.
+  With any ruleset, no ptrace of (nor ``/proc/<pid>/environ`` ... of) a process outside.
+* Landlock TCP, ABI 4 (``connect``/``bind``): TCP connect and bind to the listed ports.
+* Landlock scope, ABI 6 (``scope``): no signal to, nor connect to an abstract unix socket
+  of, a process outside the sandbox (the keeper included).
+* seccomp (``seccomp``): the calls of :data:`SECCOMP_WHY`.
 
 What they do not enforce (kernel documentation, and measured here on Linux 6.18, ABI 7):
 
@@ -50,15 +45,8 @@ from __future__ import annotations
 import os
 import stat  # already loaded by os
 
-__all__ = [
-    "SECCOMP_DENIED",
-    "SECCOMP_WHY",
-    "Prepared",
-    "apply",
-    "bring_loopback_up",
-    "prepare",
-    "probe",
-]
+__all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "Prepared", "apply", "bring_loopback_up",
+           "prepare", "probe"]  # fmt: skip
 
 # Landlock (linux/landlock.h); its syscalls are 444-446 on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
@@ -70,10 +58,9 @@ _FS_LATER = ((2, _FS_REFER), (3, _FS_TRUNCATE), (5, _FS_IOCTL_DEV), (9, _FS_RESO
 _FS_FILE = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 _FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 _FS_DEVICE = _FS_READ_FILE | _FS_WRITE_FILE | _FS_READ_DIR | _FS_TRUNCATE | _FS_IOCTL_DEV
-_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
-_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+_NET_BIND_TCP, _NET_CONNECT_TCP, _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1, 1, 2
 
-# prctl, capabilities, network interfaces.
+# prctl, capabilities, network interfaces, errno.
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _CAP_VERSION_3, _CAP_SETPCAP = 0x20080522, 8
@@ -81,25 +68,24 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _EPERM, _EINVAL, _ENOSYS, _EOPNOTSUPP = 1, 22, 38, 95
 
-# seccomp BPF (linux/filter.h, linux/seccomp.h); struct seccomp_data: nr, arch, ip, args.
+# seccomp BPF (linux/filter.h, linux/seccomp.h). struct seccomp_data: nr, arch, then
+# args[i] at 16 + 8 i, of which the filter reads the low 32 bits (little-endian).
 _LD_W_ABS, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
-_NR, _ARCH = 0, 4
+_NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _SECCOMP_GET_ACTION_AVAIL, _X32_BIT = 2, 0x40000000
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _SOCK_STREAM, _IPPROTO_TCP = 1, 2, 10, 16, 1, 6
 _MSG_FASTOPEN = 0x20000000
-#: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET (NEWTIME is clone3's).
-_CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
-_CLONE_NEW |= _CLONE_NEWNET
+_CLONE_NEW = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET (NEWTIME: clone3)
 
 #: Why the seccomp filter refuses each call (space-separated names, then the answer and
 #: its reason). Every other call is allowed; another architecture's calls kill the
 #: process (their numbers mean other calls), and x32 numbers on x86_64 get EPERM.
 SECCOMP_WHY: tuple[tuple[str, str], ...] = (
     ("socket", "EPERM unless AF_UNIX, AF_NETLINK, or AF_INET/AF_INET6 SOCK_STREAM with "
-     "protocol 0 or IPPROTO_TCP: no UDP, ICMP, raw or packet socket (Landlock's rules "
-     "cover TCP only), no MPTCP or SCTP (they pass those rules), no other family (vsock "
-     "reaches a VM's host; AF_ALG, RDS ... are kernel attack surface)"),
+     "protocol 0 or IPPROTO_TCP: no UDP, ICMP, raw or packet socket (Landlock covers TCP "
+     "only), no MPTCP or SCTP (they pass its TCP rules), no other family (vsock reaches a "
+     "VM's host; AF_ALG, RDS ... are kernel attack surface)"),
     ("sendto sendmsg sendmmsg", "EPERM with MSG_FASTOPEN: a TCP connect Landlock misses"),
     ("clone", "EPERM with a CLONE_NEW* flag: a user namespace hands back every capability"),
     ("clone3", "ENOSYS: its flags sit in memory a filter cannot read; libc falls back to "
@@ -111,55 +97,44 @@ SECCOMP_WHY: tuple[tuple[str, str], ...] = (
     ("io_uring_setup io_uring_enter io_uring_register", "EPERM: io_uring opens files and "
      "sockets where seccomp never sees them"),
     ("mount umount2 pivot_root move_mount open_tree open_tree_attr fsopen fsconfig "
-     "fsmount fspick mount_setattr", "EPERM: the file tree stays the one Landlock's "
-     "rules were made for"),
-    ("kexec_load kexec_file_load init_module finit_module delete_module",
-     "EPERM: kernel code"),
+     "fsmount fspick mount_setattr", "EPERM: the tree stays the one Landlock's rules see"),
+    ("kexec_load kexec_file_load init_module finit_module delete_module", "EPERM: kernel code"),
     ("keyctl add_key request_key", "EPERM: keyrings are per user, shared with every "
      "process of the uid, sandboxed or not"),
 )  # fmt: skip
 #: The calls the seccomp filter refuses (some only with the arguments SECCOMP_WHY names).
 SECCOMP_DENIED: tuple[str, ...] = tuple(" ".join(names for names, _ in SECCOMP_WHY).split())
 _BY_ARGUMENT = ("socket", "sendto", "sendmsg", "sendmmsg", "clone", "clone3")
-_ALWAYS = tuple(name for name in SECCOMP_DENIED if name not in _BY_ARGUMENT)
 
 # fmt: off
-# The two tables differ in their old calls; from io_uring (425) on they share numbers.
-_GENERIC = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-            "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-            "fsmount": 432, "fspick": 433, "clone3": 435, "mount_setattr": 442,
-            "open_tree_attr": 467}
-_X86_64 = {"socket": 41, "sendto": 44, "sendmsg": 46, "sendmmsg": 307, "clone": 56,
-           "unshare": 272, "setns": 308, "ptrace": 101, "process_vm_readv": 310,
-           "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298,
-           "userfaultfd": 323, "mount": 165, "umount2": 166, "pivot_root": 155,
-           "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
-           "finit_module": 313, "delete_module": 176, "keyctl": 250, "add_key": 248,
-           "request_key": 249, "seccomp": 317}
-_AARCH64 = {"socket": 198, "sendto": 206, "sendmsg": 211, "sendmmsg": 269, "clone": 220,
-            "unshare": 97, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
-            "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241,
-            "userfaultfd": 282, "mount": 40, "umount2": 39, "pivot_root": 41,
-            "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
-            "finit_module": 273, "delete_module": 106, "keyctl": 219, "add_key": 217,
-            "request_key": 218, "seccomp": 277}
-# fmt: on
-#: os.uname().machine -> (AUDIT_ARCH_*, syscall numbers).
-_ARCHES = {
-    "x86_64": (0xC000003E, {**_X86_64, **_GENERIC}),
-    "aarch64": (0xC00000B7, {**_AARCH64, **_GENERIC}),
+#: Syscall numbers (x86_64, aarch64); from io_uring (425) on both tables agree.
+_NUMBERS = {
+    "socket": (41, 198), "sendto": (44, 206), "sendmsg": (46, 211), "sendmmsg": (307, 269),
+    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "move_mount": (429, 429), "open_tree": (428, 428),
+    "open_tree_attr": (467, 467), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "keyctl": (250, 219),
+    "add_key": (248, 217), "request_key": (249, 218), "seccomp": (317, 277),
 }
-
 #: Policy keys and what each holds (None or absent: that layer is not asked for).
 _POLICY = {"read": str, "write": str, "devices": str, "connect": int, "bind": int,
-           "scope": bool, "seccomp": bool, "drop_caps": bool}  # fmt: skip
+           "scope": bool, "seccomp": bool, "drop_caps": bool}
+# fmt: on
+#: os.uname().machine -> (AUDIT_ARCH_*, its column in _NUMBERS).
+_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 _WANTED = {str: "a list of absolute paths", int: "a list of TCP ports", bool: "True or False"}
 _NETNS_WAIT_S = 5.0
 _cache: dict[str, object] = {}
 
 
 class _Libc:
-    """libc's syscall, prctl, capget, capset and unshare through ctypes, loaded once."""
+    """libc through ctypes, loaded once; apply()'s calls take plain ints (no allocation)."""
 
     def __init__(self) -> None:
         import ctypes
@@ -167,33 +142,24 @@ class _Libc:
 
         self.ctypes, self.struct = ctypes, struct
         libc = ctypes.CDLL(None, use_errno=True)
-        self._syscall, self._prctl = libc.syscall, libc.prctl
-        self._syscall.restype = ctypes.c_long
-        self.capget, self.capset, self.unshare = libc.capget, libc.capset, libc.unshare
-
-        class SockFprog(ctypes.Structure):  # struct sock_fprog
-            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
-
-        self.SockFprog = SockFprog
+        word = ctypes.c_ulong
+        self._syscall, self.restrict_self = libc["syscall"], libc["syscall"]
+        self._syscall.restype = self.restrict_self.restype = ctypes.c_long
+        self.restrict_self.argtypes = (word, word, word)
+        self.prctl, self.capget, self.capset = libc.prctl, libc.capget, libc.capset
+        self.prctl.argtypes = (ctypes.c_int, word, word, word, word)
+        self.capget.argtypes = self.capset.argtypes = (word, word)
+        self.unshare = libc.unshare
 
     def syscall(self, name: str, nr: int, *args: object) -> int:
-        """``syscall(nr, *args)``; ints go as C longs (the call is variadic)."""
-        return self.check(name, self._syscall(self.ctypes.c_long(nr), *map(self._word, args)))
-
-    def prctl(self, name: str, option: int, *args: object) -> int:
-        """``prctl(option, *args)``, padded with zeros to its five arguments."""
-        words = map(self._word, (*args, 0, 0, 0, 0)[:4])
-        return self.check(name, self._prctl(self.ctypes.c_int(option), *words))
+        wrapped = [self.ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)]
+        return self.check(name, self._syscall(*wrapped))
 
     def check(self, name: str, result: int) -> int:
-        """``result`` unless it is negative; then an OSError naming the call."""
         if result < 0:
             code = self.ctypes.get_errno()
             raise OSError(code, f"confinement: {name} failed: {os.strerror(code)}")
         return int(result)
-
-    def _word(self, value: object) -> object:
-        return self.ctypes.c_ulong(value) if isinstance(value, int) else value
 
 
 def _libc() -> _Libc:
@@ -216,17 +182,13 @@ def probe() -> dict[str, object]:
         >>> offered = probe()
         >>> policy = {"read": ["/usr"], "connect": [8080] if offered["net_tcp"] else None}
     """
-    found = _cache.get("probe")
-    if not isinstance(found, dict):
-        abi = _landlock_abi()
-        found = _cache["probe"] = {
-            "landlock_abi": abi,
-            "fs": abi >= 1,
-            "net_tcp": abi >= 4,
-            "scope": abi >= 6,
-            "seccomp": _seccomp_available(),
-            "netns": _netns_check(),
-        }
+    cached = _cache.get("probe")
+    if isinstance(cached, dict):
+        return dict(cached)
+    abi = _landlock_abi()
+    found: dict[str, object] = {"landlock_abi": abi, "fs": abi >= 1, "net_tcp": abi >= 4}
+    found.update(scope=abi >= 6, seccomp=_seccomp_available(), netns=_netns_check())
+    _cache["probe"] = found
     return dict(found)
 
 
@@ -247,8 +209,9 @@ def _seccomp_available() -> bool:
         return False
     libc = _libc()
     action = libc.ctypes.byref(libc.ctypes.c_uint32(_RET_KILL_PROCESS))
-    try:  # ENOSYS/EINVAL without seccomp filters, EOPNOTSUPP without KILL_PROCESS (4.14)
-        libc.syscall("seccomp", arch[1]["seccomp"], _SECCOMP_GET_ACTION_AVAIL, 0, action)
+    nr = _NUMBERS["seccomp"][arch[1]]
+    try:  # ENOSYS/EINVAL: no seccomp filters; EOPNOTSUPP: no KILL_PROCESS (before 4.14)
+        libc.syscall("seccomp", nr, _SECCOMP_GET_ACTION_AVAIL, 0, action)
     except OSError:
         return False
     return True
@@ -261,14 +224,13 @@ def _netns_check() -> str:
     pid = os.fork()
     if pid == 0:  # only calls into the libc already loaded, then leaves
         failed = libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        os._exit(libc.ctypes.get_errno() or 1 if failed else 0)
+        os._exit((libc.ctypes.get_errno() or 1) if failed else 0)
     deadline = time.monotonic() + _NETNS_WAIT_S
-    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            done = os.waitpid(pid, 0)
-            break
+    while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
         time.sleep(0.001)
+    if not done[0]:
+        os.kill(pid, 9)
+        done = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(done[1])
     why = os.strerror(code) if code > 0 else f"the check ended by signal {-code}"
     return "" if code == 0 else f"needs root or unprivileged user namespaces: {why}"
@@ -287,20 +249,22 @@ class Prepared:
         closed: Whether :meth:`close` ran.
     """
 
-    __slots__ = ("_caps", "_libc", "_program", "closed", "drop_caps", "ruleset_fd", "seccomp")
-
     def __init__(self, libc: _Libc, ruleset_fd: int, program: bytes | None, drop_caps: bool):
         ctypes = libc.ctypes
         self._libc = libc
         self.ruleset_fd, self.drop_caps, self.closed = ruleset_fd, drop_caps, False
         self.seccomp = program is not None
-        self._program: tuple[object, object] | None = None
+        # What apply() points the kernel at, allocated here: capget's header and data,
+        # zeros for capset, and struct sock_fprog (a count, then, aligned, a pointer).
+        header, data = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+        self._buffers: list[object] = [header, data, (ctypes.c_uint32 * 6)()]
+        self._caps = tuple(ctypes.addressof(b) for b in self._buffers)
+        self._filter = 0
         if program is not None:
-            buffer = ctypes.create_string_buffer(program, len(program))
-            fprog = libc.SockFprog(len(program) // 8, ctypes.addressof(buffer))
-            self._program = (buffer, fprog)  # the buffer lives as long as its pointer
-        # capget/capset's header and two data structs, so apply() allocates nothing.
-        self._caps = ((ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)())
+            code = ctypes.create_string_buffer(program, len(program))
+            fprog = libc.struct.pack("HP", len(program) // 8, ctypes.addressof(code))
+            self._buffers += [code, ctypes.create_string_buffer(fprog, len(fprog))]
+            self._filter = ctypes.addressof(self._buffers[-1])
 
     def close(self) -> None:
         """Close the ruleset fd in this process (idempotent, never raises)."""
@@ -349,18 +313,15 @@ def prepare(policy: dict[str, object]) -> Prepared:
     scope, seccomp = bool(policy.get("scope")), bool(policy.get("seccomp"))
     for missing, what, key in (
         (fs and abi < 1, "paths (read/write/devices) need Landlock", "fs"),
-        (net and abi < 4, "TCP ports (connect/bind) need Landlock ABI 4", "net_tcp"),
-        (scope and abi < 6, "scope needs Landlock ABI 6", "scope"),
+        (net and abi < 4, f"TCP ports (connect/bind) need Landlock ABI 4, not {abi}", "net_tcp"),
+        (scope and abi < 6, f"scope needs Landlock ABI 6, not {abi}", "scope"),
         (seccomp and machine not in _ARCHES, f"no seccomp filter for {machine}", "seccomp"),
     ):
         if missing:
-            raise OSError(
-                _EOPNOTSUPP, f"confinement: {what} (Landlock ABI here: {abi}); "
-                f"ask for it only where probe()[{key!r}] is True"
-            )  # fmt: skip
-    handled_fs = _FS_ABI1 if fs else 0
-    for since, right in _FS_LATER if fs else ():
-        handled_fs |= right if abi >= since else 0
+            why = f"confinement: {what}; ask for it only where probe()[{key!r}] is True"
+            raise OSError(_EOPNOTSUPP, why)
+    later = sum(right for since, right in _FS_LATER if abi >= since)
+    handled_fs = _FS_ABI1 | later if fs else 0
     handled_net = _NET_BIND_TCP | _NET_CONNECT_TCP if net else 0
     scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if scope else 0
     ruleset = -1
@@ -388,10 +349,8 @@ def _check_policy(policy: object) -> None:
 
 
 def _valid(value: object, kind: type) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if not isinstance(value, list | tuple):
-        return False
+    if kind is bool or not isinstance(value, list | tuple):
+        return kind is bool and isinstance(value, bool)
     if kind is str:
         return all(isinstance(path, str) and path.startswith("/") for path in value)
     return all(type(port) is int and 0 <= port <= 65535 for port in value)
@@ -407,8 +366,7 @@ def _add_rules(libc: _Libc, ruleset: int, policy: dict[str, object], handled_fs:
             rights[port] = rights.get(port, 0) | right
     for port, right in sorted(rights.items()):
         rule = libc.struct.pack("QQ", right, port)  # struct landlock_net_port_attr
-        name = f"landlock_add_rule(port {port})"
-        libc.syscall(name, _SYS_ADD_RULE, ruleset, _RULE_NET_PORT, rule, 0)
+        libc.syscall(f"landlock_add_rule({port})", _SYS_ADD_RULE, ruleset, _RULE_NET_PORT, rule, 0)
 
 
 def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
@@ -420,8 +378,8 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= _FS_FILE  # directory rights on a file are EINVAL
         rule = libc.struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
-        name = f"landlock_add_rule({path!r})"
-        libc.syscall(name, _SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, rule, 0)
+        kind = _RULE_PATH_BENEATH
+        libc.syscall(f"landlock_add_rule({path!r})", _SYS_ADD_RULE, ruleset, kind, rule, 0)
     finally:
         os.close(fd)
 
@@ -431,53 +389,37 @@ def _filter_program(machine: str) -> bytes:
     cached = _cache.get(f"bpf:{machine}")
     if isinstance(cached, bytes):
         return cached
-    audit_arch, nrs = _ARCHES[machine]
-    code: list[str | tuple[int | str, ...]] = [
-        (_LD_W_ABS, _ARCH),
-        (_JEQ, audit_arch, 0, "kill"),
-        (_LD_W_ABS, _NR),
-    ]
+    audit_arch, column = _ARCHES[machine]
+    nrs = {name: numbers[column] for name, numbers in _NUMBERS.items()}
+    code: list[str | tuple[int | str, ...]] = [(_LD_W_ABS, _ARCH), (_JEQ, audit_arch, 0, "kill")]
+    code += [(_LD_W_ABS, _NR), (_JEQ, nrs["clone3"], "enosys", 0)]
     if machine == "x86_64":
         code.append((_JGE, _X32_BIT, "eperm", 0))
-    code.append((_JEQ, nrs["clone3"], "enosys", 0))
-    code += [(_JEQ, nrs[name], "eperm", 0) for name in _ALWAYS]
+    code += [(_JEQ, nrs[name], "eperm", 0) for name in SECCOMP_DENIED if name not in _BY_ARGUMENT]
     # fmt: off
     code += [
-        (_JEQ, nrs["socket"], "socket", 0),
-        (_JEQ, nrs["clone"], "clone", 0),
-        (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0),
-        (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
+        (_JEQ, nrs["socket"], "socket", 0), (_JEQ, nrs["clone"], "clone", 0),
+        (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0), (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
         (_JEQ, nrs["sendmmsg"], "flags_in_arg3", "allow"),
-        "socket", (_LD_W_ABS, _arg(0)),
+        "socket", (_LD_W_ABS, _ARG0),
         (_JEQ, _AF_UNIX, "allow", 0), (_JEQ, _AF_NETLINK, "allow", 0),
         (_JEQ, _AF_INET, "inet", 0), (_JEQ, _AF_INET6, "inet", "eperm"),
-        "inet", (_LD_W_ABS, _arg(1)), (_AND, 0xF),  # the type less SOCK_NONBLOCK/CLOEXEC
+        "inet", (_LD_W_ABS, _ARG1), (_AND, 0xF),  # the type less SOCK_NONBLOCK/CLOEXEC
         (_JEQ, _SOCK_STREAM, 0, "eperm"),
-        (_LD_W_ABS, _arg(2)), (_JEQ, 0, "allow", 0), (_JEQ, _IPPROTO_TCP, "allow", "eperm"),
-        "clone", (_LD_W_ABS, _arg(0)), (_JSET, _CLONE_NEW, "eperm", "allow"),
-        "flags_in_arg2", (_LD_W_ABS, _arg(2)), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "flags_in_arg3", (_LD_W_ABS, _arg(3)), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "allow", (_RET, _RET_ALLOW),
-        "eperm", (_RET, _RET_ERRNO | _EPERM),
-        "enosys", (_RET, _RET_ERRNO | _ENOSYS),
-        "kill", (_RET, _RET_KILL_PROCESS),
+        (_LD_W_ABS, _ARG2), (_JEQ, 0, "allow", 0), (_JEQ, _IPPROTO_TCP, "allow", "eperm"),
+        "clone", (_LD_W_ABS, _ARG0), (_JSET, _CLONE_NEW, "eperm", "allow"),
+        "flags_in_arg2", (_LD_W_ABS, _ARG2), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
+        "flags_in_arg3", (_LD_W_ABS, _ARG3), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
+        "allow", (_RET, _RET_ALLOW), "eperm", (_RET, _RET_ERRNO | _EPERM),
+        "enosys", (_RET, _RET_ERRNO | _ENOSYS), "kill", (_RET, _RET_KILL_PROCESS),
     ]
     # fmt: on
     program = _cache[f"bpf:{machine}"] = _assemble(code)
     return program
 
 
-def _arg(index: int) -> int:
-    """Offset of the low 32 bits of syscall argument ``index`` (little-endian)."""
-    return 16 + 8 * index
-
-
 def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:
-    """Pack ``(op, k)`` and ``(op, k, if_true, if_false)`` into struct sock_filter.
-
-    A str in ``code`` is a label; a jump names the label it goes to (forward only,
-    as BPF wants), or 0 for the next instruction.
-    """
+    """Pack ``(op, k[, jump_if_true, jump_if_false])`` (a jump: a label's str, or 0) as BPF."""
     labels: dict[int | str, int] = {}
     pc = 0
     for item in code:
@@ -487,11 +429,10 @@ def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:
             pc += 1
     pack, out = _libc().struct.pack, list[bytes]()
     for item in code:
-        if isinstance(item, str):
-            continue
-        op, k, *jumps = item
-        offsets = [0 if to == 0 else labels[to] - len(out) - 1 for to in jumps or (0, 0)]
-        out.append(pack("HBBI", op, *offsets, k))
+        if not isinstance(item, str):
+            op, k, *jumps = item
+            offsets = [0 if to == 0 else labels[to] - len(out) - 1 for to in jumps or (0, 0)]
+            out.append(pack("HBBI", op, *offsets, k))
     return b"".join(out)
 
 
@@ -510,29 +451,29 @@ def apply(prepared: Prepared) -> None:
     if prepared.closed:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
-    libc.prctl("PR_SET_NO_NEW_PRIVS", _PR_SET_NO_NEW_PRIVS, 1)
+    libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)
     if prepared.ruleset_fd >= 0:
-        libc.syscall("landlock_restrict_self", _SYS_RESTRICT_SELF, prepared.ruleset_fd, 0)
-    if prepared._program is not None:
-        fprog = libc.ctypes.byref(prepared._program[1])  # type: ignore[call-overload]
-        libc.prctl("PR_SET_SECCOMP", _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog)
+        result = libc.restrict_self(_SYS_RESTRICT_SELF, prepared.ruleset_fd, 0)
+        libc.check("landlock_restrict_self", result)
+    if prepared._filter:
+        result = libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, prepared._filter, 0, 0)
+        libc.check("PR_SET_SECCOMP", result)
 
 
-def _drop_caps(libc: _Libc, header: object, data: object) -> None:
+def _drop_caps(libc: _Libc, header: int, data: int, zeros: int) -> None:
     libc.check("capget", libc.capget(header, data))
-    if data[0] & 1 << _CAP_SETPCAP:  # type: ignore[index]  # dropping the bounding set needs it
-        for cap in range(64):  # no /proc read: EINVAL marks the kernel's last capability
-            try:
-                libc.prctl("PR_CAPBSET_DROP", _PR_CAPBSET_DROP, cap)
-            except OSError as exc:
-                if exc.errno != _EINVAL or cap == 0:
-                    raise
-                break
-    libc.prctl("PR_CAP_AMBIENT_CLEAR_ALL", _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
-    libc.ctypes.memset(data, 0, 24)  # type: ignore[arg-type]
-    libc.check("capset", libc.capset(header, data))
+    effective = libc.ctypes.c_uint32.from_address(data).value
+    if effective & 1 << _CAP_SETPCAP:  # dropping the bounding set needs it
+        cap = 0  # no /proc read: EINVAL marks the kernel's last capability
+        while libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+            cap += 1
+        if cap == 0 or libc.ctypes.get_errno() != _EINVAL:
+            libc.check(f"PR_CAPBSET_DROP({cap})", -1)
+    result = libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    libc.check("PR_CAP_AMBIENT_CLEAR_ALL", result)
+    libc.check("capset", libc.capset(header, zeros))
 
 
 def bring_loopback_up() -> None:

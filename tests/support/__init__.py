@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "CONFINED_PROBE",
     "HARNESS_SCRIPT",
     "HOSTILE_SCRIPT",
     "LINE_AGENT",
@@ -31,6 +32,9 @@ LINE_AGENT = SUPPORT / "line_agent.py"
 HARNESS_SCRIPT = SUPPORT / "scripts" / "harness.py"
 #: A line-protocol harness that misbehaves on command (the "nothing escapes" tests).
 HOSTILE_SCRIPT = SUPPORT / "scripts" / "hostile.py"
+#: Confines itself with ``gym_harness/process/confine.py``, then tries what a job on stdin
+#: names and prints the outcomes (the confinement tests).
+CONFINED_PROBE = SUPPORT / "scripts" / "confined_probe.py"
 #: A process that owns an env and reports on it (the containment tests).
 OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
 #: A line-protocol harness whose model is the env (model mode; ``side``/``stall``/``retry``
