@@ -65,6 +65,7 @@ class ProcessSpec:
         memory_limit_mb: Resident memory the whole tree may use; ``None`` for no limit.
         max_processes: Processes the tree may hold at once; ``None`` for no limit.
         readable_paths: More paths the confined harness may read (and execute).
+        connect_ports: More TCP ports the confined harness may connect to.
 
     Example:
         >>> spec = HarnessConfig(command=["cat"], stop_grace_s=0.5).process_spec()
@@ -84,10 +85,12 @@ class ProcessSpec:
     memory_limit_mb: int | None = None
     max_processes: int | None = None
     readable_paths: Sequence[str] = ()
+    connect_ports: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "readable_paths", tuple(self.readable_paths))
+        object.__setattr__(self, "connect_ports", tuple(self.connect_ports))
         object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
         object.__setattr__(self, "env", dict(self.env))
 
@@ -152,6 +155,9 @@ class HarnessConfig:
             is ended and the turn is ``resource_limit``. ``None``: no limit.
         readable_paths: Paths a confined harness may read and execute beside its own
             install tree, the interpreter and the system directories (a data set, say).
+        connect_ports: TCP ports a confined harness may connect to beside the env's
+            endpoints and its adapter's model API (a model server a Command harness calls
+            itself). Landlock's rules name ports, not hosts: any host on these ports.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -183,11 +189,24 @@ class HarnessConfig:
     memory_limit_mb: int | None = None
     max_processes: int | None = None
     readable_paths: Sequence[str] = ()
+    connect_ports: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "command", _str_tuple("command", self.command))
         set_(self, "readable_paths", _str_tuple("readable_paths", self.readable_paths))
+        ports = self.connect_ports
+        if (
+            isinstance(ports, str | bytes)
+            or not isinstance(ports, Sequence)
+            or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports
+            )
+        ):
+            raise ConfigError(
+                f"HarnessConfig.connect_ports must be a list of TCP ports (1-65535), got {ports!r}."
+            )
+        set_(self, "connect_ports", tuple(ports))
         if self.sandbox not in SANDBOX_TIERS:
             raise ConfigError(
                 f"HarnessConfig.sandbox must be one of {list(SANDBOX_TIERS)}, got "
@@ -248,6 +267,7 @@ class HarnessConfig:
             memory_limit_mb=self.memory_limit_mb,
             max_processes=self.max_processes,
             readable_paths=self.readable_paths,
+            connect_ports=self.connect_ports,
         )
 
     def turn_limits(self) -> TurnLimits:
@@ -279,6 +299,7 @@ class HarnessConfig:
         data["command"] = list(self.command)
         data["inherit_env"] = list(self.inherit_env)
         data["readable_paths"] = list(self.readable_paths)
+        data["connect_ports"] = list(self.connect_ports)
         return data
 
     @classmethod

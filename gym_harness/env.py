@@ -159,7 +159,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._rewards: RewardRunner | None = None
         self._ended_why = ""
         self.lock = threading.Lock()
-        #: The MCP bridge's tools, prefix and timeout (the bridge starts with the first reset).
         self._bridge_args = ([] if tools is None else tools, tool_prefix, tool_timeout_s)
         self._owned = EnvResources(workspace, keep_workspace, self.config.sandbox)
         self._finalizer = weakref.finalize(self, self._owned.release, True)  # dropped, not closed
@@ -417,7 +416,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         )
         config = launch.config
         self._owned.hold_keeper()  # one keeper for all episodes, not one per reset
-        reach = self._owned.reach((ctx.bridge_url, ctx.model_base_url), launch.read_paths)
+        reach = self._owned.reach((ctx.bridge_url, ctx.model_base_url), launch)
         self._proc = self._owned.process = HarnessProcess(config.process_spec(), reach)
         endpoint = None if self._model is None else self._model.endpoint
         signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)

@@ -33,6 +33,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
@@ -49,6 +50,7 @@ __all__ = [
     "content_text",
     "json_line",
     "not_json",
+    "api_ports",
     "openai_base",
     "parse_object",
     "present",
@@ -80,6 +82,20 @@ def private_home_env(home: Path) -> dict[str, str]:
         "XDG_DATA_HOME": str(home / ".local" / "share"),
         "XDG_STATE_HOME": str(home / ".local" / "state"),
     }
+
+
+def api_ports(ctx: EpisodeContext, base_url: str | None) -> tuple[int, ...]:
+    """The TCP port a CLI's own model API is on, for its confinement; ``()`` when the env
+    gives it the model endpoint (``ctx.model_base_url``, an env endpoint already).
+
+    Args:
+        ctx: The episode.
+        base_url: The API the CLI calls without the env; ``None``: its provider's, on HTTPS.
+    """
+    if ctx.model_base_url:
+        return ()
+    parts = urlsplit(base_url or "https://")
+    return (parts.port or (80 if parts.scheme == "http" else 443),)
 
 
 def scrub_inherit(

@@ -102,7 +102,8 @@ class ACPHarness(Harness):
             raise ConfigError(_NO_COMMAND)
         env = {**private_home_env(ctx.home), **self.agent_env(ctx), **self.env, **config.env}
         session = ACPSession(ctx, self.mcp_servers(ctx))
-        return Launch(config.replace(command=list(command), env=env), session)
+        config = config.replace(command=list(command), env=env)
+        return Launch(config, session, connect_ports=self.api_ports(ctx))
 
     def agent_command(self, ctx: EpisodeContext) -> Sequence[str]:
         """The agent's argv before ``extra_args``; presets override it (and write files)."""
@@ -111,6 +112,11 @@ class ACPHarness(Harness):
     def agent_env(self, ctx: EpisodeContext) -> dict[str, str]:
         """Variables the agent needs besides HOME/XDG; presets override it."""
         return {}
+
+    def api_ports(self, ctx: EpisodeContext) -> tuple[int, ...]:
+        """TCP ports of the model API the agent calls itself (``Launch.connect_ports``);
+        presets name theirs, a bare ACP agent's come from ``HarnessConfig.connect_ports``."""
+        return ()
 
     def mcp_servers(self, ctx: EpisodeContext) -> list[dict[str, Any]]:
         """The ``session/new`` ``mcpServers`` list: the bridge as an HTTP server."""

@@ -28,6 +28,7 @@ from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
+    api_ports,
     openai_base,
     policy_wait_ms,
     require_executable,
@@ -90,6 +91,9 @@ class _Preset(ACPHarness):
             base = ctx.model_base_url.rstrip("/")
             return (openai_base(base) if self.openai_style else base), ctx.model_api_key or ""
         return self.base_url, os.environ.get(self.api_key_env) or None
+
+    def api_ports(self, ctx: EpisodeContext) -> tuple[int, ...]:
+        return api_ports(ctx, self.base_url)
 
 
 class OpenCodeHarness(_Preset):

@@ -174,11 +174,14 @@ class Launch:
         session: The episode's fresh session (not picklable, never leaves the env).
         read_paths: More paths a confined harness may read and execute (beside the
             install tree of its command, which is found from the command itself).
+        connect_ports: TCP ports of a model API the harness calls itself (turn mode
+            without capture): a confined harness may connect to them.
     """
 
     config: HarnessConfig
     session: HarnessSession
     read_paths: tuple[str, ...] = ()
+    connect_ports: tuple[int, ...] = ()
 
 
 class Harness(ABC):

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from gym_harness.config import HarnessConfig
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
+    api_ports,
     content_text,
     json_line,
     not_json,
@@ -188,7 +189,8 @@ class ClaudeCodeHarness(Harness):
         inherit = scrub_inherit(config.inherit_env, drop=drop, add=passthrough)
         # A user's explicit config.env wins; the nesting markers never pass through inheritance.
         config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
-        return Launch(config, ClaudeCodeSession(ctx, plain_text=config.allow_plain_text))
+        session = ClaudeCodeSession(ctx, plain_text=config.allow_plain_text)
+        return Launch(config, session, connect_ports=api_ports(ctx, self.base_url))
 
 
 def claude_model_mode_env(ctx: EpisodeContext) -> dict[str, str]:

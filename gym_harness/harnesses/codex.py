@@ -33,6 +33,7 @@ from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     RpcIds,
+    api_ports,
     content_text,
     not_json,
     openai_base,
@@ -204,7 +205,8 @@ class CodexHarness(Harness):
                 env["CODEX_MANAGED_BY_NPM"] = "1"
         command = [executable, *self.extra_args, "app-server"]
         config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
-        return Launch(config, CodexSession(ctx, self.thread_params(ctx)))
+        ports = api_ports(ctx, base_url or DEFAULT_OPENAI_BASE)
+        return Launch(config, CodexSession(ctx, self.thread_params(ctx)), connect_ports=ports)
 
     def _catalog(self) -> dict[str, Any] | None:
         if isinstance(self.model_catalog, dict):

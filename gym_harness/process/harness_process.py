@@ -356,10 +356,7 @@ class HarnessProcess:
         try:
             keeper = _keeper_client.acquire()
             cwd = os.path.abspath(spec.cwd or os.getcwd())
-            limits = (spec.memory_limit_mb, spec.max_processes)
-            policy = _sandbox.policy(
-                spec.sandbox, reach, argv, env, cwd, limits, spec.readable_paths
-            )
+            policy = _sandbox.policy(spec, reach, argv, env, cwd)
             netns = reach.netns_fd if reach is not None else -1
             popen = keeper.spawn(argv, env, cwd, spec.cgroup, self._marker, policy, netns)
         except OSError as exc:

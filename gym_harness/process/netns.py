@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from gym_harness.process import confine
+from gym_harness.process.confine import bring_loopback_up, probe
 
 __all__ = ["NetworkNamespace", "unavailable"]
 
@@ -43,7 +43,7 @@ def unavailable() -> str:
             "sandbox='strict' gives each env a network namespace, which needs root "
             "(CAP_SYS_ADMIN); run as root, or use sandbox='auto'"
         )
-    return str(confine.probe().get("netns") or "")
+    return str(probe().get("netns") or "")
 
 
 class NetworkNamespace:
@@ -73,7 +73,7 @@ def _create() -> int:
         raise OSError(code, f"unshare(CLONE_NEWNET): {os.strerror(code)}")
     fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        confine.bring_loopback_up()
+        bring_loopback_up()
     except BaseException:
         os.close(fd)
         raise

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gym_harness.process.netns import NetworkNamespace
     from gym_harness.tasks import Task
 
-__all__ = ["EnvResources", "Stoppable"]
+__all__ = ["Declared", "EnvResources", "Stoppable"]
 
 S = TypeVar("S", bound="Stoppable")
 
@@ -42,6 +42,16 @@ class Stoppable(Protocol):
     """A harness process or a loopback service: ``stop()`` is idempotent and never raises."""
 
     def stop(self) -> None: ...
+
+
+class Declared(Protocol):
+    """What a harness's adapter declares it needs to reach (``harnesses.base.Launch``)."""
+
+    @property
+    def read_paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def connect_ports(self) -> tuple[int, ...]: ...
 
 
 class EnvResources:
@@ -124,18 +134,18 @@ class EnvResources:
             self._serve_port = int(sock.getsockname()[1])
         return self._serve_port
 
-    def reach(self, urls: Sequence[str | None], read: Sequence[str]) -> Reach:
+    def reach(self, urls: Sequence[str | None], declared: Declared) -> Reach:
         """What the current episode's harness may reach: its directories, the ports of
-        ``urls`` (the env's endpoints) and of ``free_port``, and ``read``."""
+        ``urls`` (the env's endpoints) and of ``free_port``, and what its adapter declared."""
         assert self.current is not None
-        ports = tuple(urlsplit(url).port or 80 for url in urls if url)
+        ports = [urlsplit(url).port or 80 for url in urls if url]
         return Reach(
             workspace=str(self.current / "workspace"),
             home=str(self.current / "home"),
             tmp=str(self.current / "tmp"),
-            ports=ports,
+            ports=(*ports, *declared.connect_ports),
             serve_ports=(self._serve_port,) if self._serve_port else (),
-            read=tuple(read),
+            read=declared.read_paths,
             netns_fd=-1 if self.netns is None else self.netns.fd,
         )
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gym_harness.config import ProcessSpec
 from gym_harness.errors import ConfigError
 from gym_harness.process import confine
 
@@ -159,32 +160,26 @@ def _warn_once(missing: tuple[tuple[str, str], ...]) -> None:
 
 
 def policy(
-    tier: str,
-    reach: Reach | None,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str,
-    limits: tuple[int | None, int | None],
-    readable: Sequence[str] = (),
+    spec: ProcessSpec, reach: Reach | None, argv: Sequence[str], env: Mapping[str, str], cwd: str
 ) -> dict[str, Any]:
     """The keeper's spawn policy: what ``confine.prepare`` reads, the namespace, limits.
 
     Args:
-        tier: The ``sandbox`` setting.
+        spec: The process's settings (``sandbox``, the limits, ``readable_paths``,
+            ``connect_ports``).
         reach: The episode's paths and ports (``None``: a bare process, not confined).
         argv: The resolved command (its install tree becomes readable).
         env: The harness's environment (its ``PYTHONPATH`` becomes readable).
         cwd: The harness's working directory (relative paths in ``argv`` start there).
-        limits: ``(memory_limit_mb, max_processes)``.
-        readable: The config's ``readable_paths``.
     """
-    out: dict[str, Any] = {"memory_mb": limits[0], "processes": limits[1]}
+    tier = spec.sandbox
+    out: dict[str, Any] = {"memory_mb": spec.memory_limit_mb, "processes": spec.max_processes}
     if tier == "off" or reach is None:
         return out
     kernel = _kernel()
     read = [*SYSTEM_READ, *_interpreter(), str(_PACKAGE), *_install_tree(argv, cwd)]
     read += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    read += [*reach.read, *readable]
+    read += [*reach.read, *spec.readable_paths]
     rules: dict[str, Any] = {"drop_caps": True}  # each layer only where the kernel has it
     if kernel.get("fs"):
         rules.update(
@@ -194,7 +189,8 @@ def policy(
         )
     if kernel.get("net_tcp"):
         rules.update(
-            connect=sorted({*reach.ports, *reach.serve_ports}), bind=sorted(set(reach.serve_ports))
+            connect=sorted({*reach.ports, *reach.serve_ports, *spec.connect_ports}),
+            bind=sorted(set(reach.serve_ports)),
         )
     rules.update(scope=bool(kernel.get("scope")), seccomp=bool(kernel.get("seccomp")))
     out["confine"] = rules
