@@ -14,10 +14,7 @@
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
-import socket
-import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,19 +23,13 @@ import psutil
 import pytest
 from support.gate import gate  # noqa: F401  (a fixture: shared by the bridge tests)
 
+from gym_harness.process.confine import bring_loopback_up
+
 SESSION_VAR = "GYM_HARNESS_SESSION"
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
-_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 _network_isolated: str | None = None  # None = isolated; otherwise why not
-
-
-def _bring_loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        req = struct.pack("16sh", b"lo", 0)
-        flags = struct.unpack("16sh", fcntl.ioctl(sock, _SIOCGIFFLAGS, req))[1]
-        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
 
 
 def _isolate_network() -> str | None:
@@ -55,7 +46,7 @@ def _isolate_network() -> str | None:
             f.write(f"{uid} {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
             f.write(f"{gid} {gid} 1")
-    _bring_loopback_up()
+    bring_loopback_up()
     return None
 
 

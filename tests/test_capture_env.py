@@ -23,6 +23,7 @@ from support.model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 from gym_harness import HarnessEnv
 from gym_harness.capture.chat_format import exchange_messages, exchange_records
 from gym_harness.capture.proxy import parse_sse
+from gym_harness.process import sandbox
 
 REAL_KEY = "sk-real-upstream-key-7f3a"
 KEY_VAR = "TEST_REAL_KEY"
@@ -242,10 +243,15 @@ def test_streamed_answer_is_recorded_chunk_for_chunk(
 @pytest.mark.cli
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("isolated_network")
+@pytest.mark.parametrize("tier", ["auto", "strict"])
 @pytest.mark.parametrize("cli", ["claude_code", "codex"])
 def test_real_cli_through_the_proxy(
-    srv: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch, cli: str
+    srv: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch, cli: str, tier: str
 ) -> None:
+    """Turn mode through the capture proxy: confined as by default, and with ``"strict"``
+    (the proxy is then the CLI's only way to its model)."""
+    if tier == "strict" and sandbox.report("strict")["missing"]:
+        pytest.skip(f"strict is not available here: {sandbox.report('strict')['missing']}")
     api, header = {
         "claude_code": ("anthropic", "x-api-key"),
         "codex": ("responses", "authorization"),
@@ -267,6 +273,7 @@ def test_real_cli_through_the_proxy(
         turn_timeout_s=60,
         idle_timeout_s=30,
         startup_timeout_s=40,
+        sandbox=tier,
     )
     try:
         _, info = env.reset()

@@ -11,6 +11,7 @@ subreaper alone contains the tree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -348,3 +349,27 @@ def test_removal_never_changes_the_mode_of_what_holds_the_tree(tmp_path: Path) -
         assert list(tree.iterdir()) == []  # emptied; only the mount point itself stayed
     finally:
         subprocess.run(["umount", str(tree)], check=True, timeout=10)
+
+
+@pytest.mark.parametrize("tier", ["auto", "off"])
+def test_the_harness_holds_none_of_its_keepers_descriptors(tier: str) -> None:
+    """The keeper's socket to its owner (a way to ask it for an unconfined spawn) and its
+    other descriptors stay the keeper's: the harness holds only what we gave it."""
+    env = HarnessEnv("command", command=[sys.executable, str(SCRIPT), "echo"], sandbox=tier)
+    try:
+        env.reset()
+        proc = env.process
+        assert proc is not None and proc.pid is not None and proc.keeper_pid is not None
+
+        def targets(pid: int) -> set[str]:  # its sockets and pipes (not files like /dev/null)
+            found = set()
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            return {t for t in found if t.startswith(("socket:", "pipe:"))}
+
+        keepers = targets(proc.keeper_pid)
+        assert any(t.startswith("socket:") for t in keepers)
+        assert targets(proc.pid) & keepers == set()
+    finally:
+        env.close()

@@ -30,6 +30,7 @@ from support.cli import Calls, cli_path, real_cli
 
 from gym_harness import HarnessEnv
 from gym_harness.outcome import Outcome
+from gym_harness.process import sandbox
 from gym_harness.trajectory import RewardContext
 
 PROMPT = "please add 20 and 22 with the add tool"
@@ -134,10 +135,16 @@ def episode(env: HarnessEnv, calls: Calls, think_s: float = 0.0) -> None:
 
 
 @real_cli(timeout=240)
+@pytest.mark.parametrize("tier", ["auto", "strict"])
 @pytest.mark.parametrize("cli", list(CLIS))
-def test_tool_call_then_text_ends_the_episode_with_the_reward(cli: str, make_env: Any) -> None:
+def test_tool_call_then_text_ends_the_episode_with_the_reward(
+    cli: str, tier: str, make_env: Any
+) -> None:
+    """Confined as by default, and in the env's own network namespace (``"strict"``)."""
+    if tier == "strict" and sandbox.report("strict")["missing"]:
+        pytest.skip(f"strict is not available here: {sandbox.report('strict')['missing']}")
     calls = Calls()
-    env = make_env(calls)
+    env = make_env(calls, sandbox=tier)
     try:
         episode(env, calls)
     finally:

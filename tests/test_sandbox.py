@@ -136,6 +136,9 @@ def test_a_tree_past_its_limit_ends_its_turn(
         assert (info["error_type"], terminated, truncated) == (Outcome.RESOURCE_LIMIT, True, False)
         assert named in info["error"]
         assert wait_gone([harness.pid], timeout_s=10) == []
+        env.reset()  # the env is unaffected: a fresh episode runs
+        reply, _, _, _, info = env.step(json.dumps({"try": "env", "arg": "HOME"}))
+        assert info["error_type"] == "" and json.loads(reply)["ok"]
     finally:
         env.close()
 
