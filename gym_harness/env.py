@@ -206,6 +206,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             episode_id=episode_id,
             harness=self.harness.name,
             task=None if task is None else task.to_dict(),
+            sandbox=self._owned.sandbox_report(),
         )
         self._episode_started = started
         self._become(Lifecycle.RUNNING)
@@ -227,7 +228,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._model is not None and self._model.ended is not None and not outcome:
             outcome, error = str(self._model.ended.error_type), self._model.ended.error
         info = self._info(0, outcome, error, events, 0.0)
-        info["sandbox"] = {} if self._proc is None else self._proc.sandbox
         self._callbacks.raise_pending("the harness's startup (reset)")
         return prompt, info
 

@@ -206,6 +206,8 @@ class Trajectory:
         turns: One record per ``step`` (per user turn in model mode).
         reset_s: Seconds ``reset`` took.
         calls: In model mode, every model call of the episode (``ModelCall``), in order.
+        sandbox: The protections the episode's harness ran under: ``{"tier", "enforced":
+            [layer, ...], "missing": {layer: why}}`` (README, "Confinement").
     """
 
     episode_id: str
@@ -215,6 +217,7 @@ class Trajectory:
     turns: list[TurnRecord] = field(default_factory=list)
     reset_s: float = 0.0
     calls: list[ModelCall] = field(default_factory=list)
+    sandbox: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def events(self) -> list[HarnessEvent]:
@@ -277,6 +280,7 @@ class Trajectory:
             "reward": self.total_reward,
             "outcome": self.outcome,
             "reset_s": self.reset_s,
+            "sandbox": dict(self.sandbox),
         }
 
     def to_record(

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 from support import OWNER_SCRIPT
 from support.process import SCRIPT, is_ready, namespaces_in_use, running, wait_gone
-from support.users import NOBODY, nobody_prefix, owner_env
+from support.users import owner_env, run_as
 
 from gym_harness.config import HarnessConfig, ProcessSpec
 from gym_harness.env import HarnessEnv
@@ -109,7 +108,10 @@ def test_close_ends_a_hostile_tree_and_its_workspace(mode: str, tmp_path: Path) 
     pidfile = tmp_path / "pids"
     pidfile.touch()
     readers = _stderr_readers()
-    env = HarnessEnv("command", command=list(hostile_config(mode, pidfile).command))
+    # Unconfined: the tree writes its pids outside its workspace, and keeper_killer kills
+    # its keeper; a confined harness may do neither (tests/test_sandbox.py).
+    command = list(hostile_config(mode, pidfile).command)
+    env = HarnessEnv("command", command=command, sandbox="off")
     try:
         env.reset(seed=0)
         assert env.workspace is not None and env.process is not None
@@ -164,28 +166,8 @@ def _own_cgroup() -> str:
 @pytest.fixture(params=["root", "nobody"])
 def owner_user(request: pytest.FixtureRequest) -> Iterator[tuple[list[str], Path]]:
     """(argv prefix, a directory that user may write) for an owner process."""
-    workdir = Path(tempfile.mkdtemp(prefix="gym-harness-owner-"))
-    try:
-        prefix: list[str] | str = []
-        if request.param == "nobody":
-            os.chmod(workdir, 0o755)
-            if os.geteuid() == 0:
-                os.chown(workdir, NOBODY, NOBODY)
-            prefix = nobody_prefix(workdir)
-            if isinstance(prefix, str):
-                pytest.skip(f"cannot run as an unprivileged user here: {prefix}")
-            probe = subprocess.run(
-                [*prefix, sys.executable, "-c", "import gym_harness.env, psutil"],
-                env=owner_env(workdir),
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            if probe.returncode != 0:
-                pytest.skip(f"uid {NOBODY} cannot run gym_harness here: {probe.stderr[-300:]}")
-        yield prefix, workdir
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with run_as(request.param) as found:
+        yield found
 
 
 class Owner:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import gymnasium
 import pytest
 from support import SUPPORT
 from support.process import namespaces_in_use, wait_gone
-from support.users import NOBODY, nobody_prefix, owner_env
+from support.users import owner_env, run_as
 
 from gym_harness import ConfigError, HarnessEnv, Outcome
 from gym_harness.process import sandbox
@@ -39,21 +37,8 @@ ROOT_ONLY = {"raw", "mount", "netns_env", "ptrace_env"}
 @pytest.fixture(params=["root", "nobody"], scope="module")
 def user(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str], Path]]:
     """(name, argv prefix, a directory that user owns: its HOME and TMPDIR)."""
-    workdir = Path(tempfile.mkdtemp(prefix="gym-harness-trial-"))
-    try:
-        prefix: list[str] | str = []
-        if request.param == "nobody":
-            os.chmod(workdir, 0o755)
-            if os.geteuid() == 0:
-                os.chown(workdir, NOBODY, NOBODY)
-            prefix = nobody_prefix(workdir)
-            if isinstance(prefix, str):
-                pytest.skip(f"cannot run as an unprivileged user here: {prefix}")
-        elif os.geteuid() != 0:
-            pytest.skip("not root: the root cases need root")
+    with run_as(request.param) as (prefix, workdir):
         yield request.param, prefix, workdir
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def trial(user: tuple[str, list[str], Path], tier: str) -> dict[str, Any]:
@@ -89,7 +74,8 @@ def test_every_escape_is_denied(user: tuple[str, list[str], Path], tier: str) ->
 def test_off_allows_what_auto_denies(user: tuple[str, list[str], Path]) -> None:
     report = trial(user, "off")
     assert report["sandbox"] == {"tier": "off", "enforced": [], "missing": {}}
-    expected = set(report["attempts"]) - (ROOT_ONLY if user[0] == "nobody" else set())
+    privileged = user[0] == "root" and os.geteuid() == 0
+    expected = set(report["attempts"]) - (set() if privileged else ROOT_ONLY)
     denied = {name for name in expected if not report["attempts"][name]}
     assert denied == set(), {name: report["details"][name] for name in denied}
     assert report["planted"] and report["reward"] == 1.0

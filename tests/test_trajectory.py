@@ -33,6 +33,7 @@ RECORD_KEYS = [
     "reward",
     "outcome",
     "reset_s",
+    "sandbox",
     "env_id",
     "episode_index",
     "seed",

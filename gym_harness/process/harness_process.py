@@ -78,6 +78,9 @@ class HarnessProcess:
 
     Args:
         spec: How to start, feed and stop the harness (``HarnessConfig.process_spec()``).
+        reach: What the harness may reach when confined (``spec.sandbox``); without one
+            (a bare process, not an episode's harness) nothing is confined, and only the
+            limits apply.
 
     Raises:
         ConfigError: ``spec.command`` is empty.
@@ -95,8 +98,6 @@ class HarnessProcess:
             raise ConfigError("HarnessConfig.command is empty; give the argv to start.")
         self.spec = spec
         self.reach = reach
-        #: The protections in force (``sandbox.report``); confinement needs a ``reach``.
-        self.sandbox = _sandbox.report("off" if reach is None else spec.sandbox)
         self._marker = uuid.uuid4().hex
         self._state = Lifecycle.NEW
         self._lock = threading.Lock()

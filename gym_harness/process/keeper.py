@@ -14,23 +14,32 @@ to find its processes. Instead the keeper, this file run as a stdlib-only script
   into a fresh cgroup of its own (``clone3`` with ``CLONE_INTO_CGROUP``) and
   ends it with ``cgroup.kill`` (atomic, even against a process that forks
   without pause);
-* gives the harness ``PR_SET_PDEATHSIG=SIGKILL`` relative to itself (through
-  util-linux's ``setpriv``, so the spawn needs no code between fork and exec),
-  so a harness that kills its keeper dies with it;
+* gives the harness ``PR_SET_PDEATHSIG=SIGKILL`` relative to itself, so a harness
+  that kills its keeper dies with it: set in the forked child
+  (``gym_harness.process.forkexec``, which also enters the env's network namespace
+  and applies the confinement of ``gym_harness.process.confine``), or, for a bare
+  spawn with no cgroup and no confinement, through util-linux's ``setpriv`` after a
+  ``posix_spawn``;
+* ends the tree, and says which limit, when it goes past the spawn's memory or
+  process limit (the cgroup's own ``memory.max``/``pids.max`` where those controllers
+  are delegated; its own watch, every ``LIMIT_POLL_S``, always);
 * ends the tree when the owner asks (SIGTERM, a grace, then SIGKILL until no
   descendant is left), and, when the owner dies (EOF on the socket with no
   ``quit`` before it), kills the tree, deletes the workspace directories the
   owner registered, and exits;
 * makes itself non-dumpable, so a harness of the same user cannot ptrace it or
-  take its file descriptors; it ignores SIGINT, SIGHUP and SIGTERM.
+  take its file descriptors, and keeps its socket to the owner from every harness
+  (not inheritable); it ignores SIGINT, SIGHUP and SIGTERM.
 
 The owner talks to it over a UNIX stream socket (fd ``FD``): frames of a 4-byte
 length and a ``marshal``-encoded tuple; a ``spawn`` carries the harness's stdin,
 stdout and stderr as SCM_RIGHTS file descriptors. Owner -> keeper:
-``("spawn", argv, env, cwd, cgroup)``, ``("end", grace_s)``, ``("own", path)``,
-``("disown", path)``, ``("quit",)``. Keeper -> owner: ``("spawned", pid,
-cgroup_dir)``, ``("error", errno, text)``, ``("exit", pid, code)`` (the harness's
-own exit, as a Popen returncode), ``("ended", code)``.
+``("spawn", argv, env, cwd, cgroup, policy)`` (``policy``: ``sandbox.policy``; with
+``"netns"`` a fourth descriptor, the namespace, follows the pipes), ``("end",
+grace_s)``, ``("own", path)``, ``("disown", path)``, ``("quit",)``. Keeper -> owner:
+``("spawned", pid, cgroup_dir)``, ``("error", errno, text)``, ``("limit", pid, text)``
+(the tree is ended for that limit; its exit follows), ``("exit", pid, code)`` (the
+harness's own exit, as a Popen returncode), ``("ended", code)``.
 
 Linux only (``/proc``, prctl, posix_spawn, pidfds in the owner).
 """

@@ -108,6 +108,10 @@ class EnvResources:
             self.current = self.root / episode_id
         return episode_dirs(self.current, self.template, task)
 
+    def sandbox_report(self) -> dict[str, object]:
+        """The protections this env's harnesses run under (``sandbox.report``)."""
+        return _sandbox.report(self.sandbox)
+
     def scored_dirs(self) -> tuple[Path, Path]:
         """The current episode's workspace and its directory of hidden task files."""
         assert self.current is not None, "no episode"

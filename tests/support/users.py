@@ -1,5 +1,7 @@
 """Running a test's owner process as an unprivileged user (uid 65534), where root can.
 
+``run_as`` gives, for ``"root"`` or ``"nobody"``, the argv prefix and a directory that user
+owns (skipping the test, with the reason, where that user cannot run gym_harness here);
 ``nobody_prefix`` gives the argv prefix (``setpriv``, and where the interpreter lives
 under a directory others may not enter, a private mount namespace that shows only the
 interpreter's tree); ``owner_env`` the environment such an owner runs with.
@@ -7,10 +9,16 @@ interpreter's tree); ``owner_env`` the environment such an owner runs with.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 NOBODY = 65534
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -54,3 +62,33 @@ def blocked_ancestor(path: Path) -> Path | None:
 
 def owner_env(workdir: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(workdir), HOME=str(workdir))
+
+
+@contextlib.contextmanager
+def run_as(user: str) -> Iterator[tuple[list[str], Path]]:
+    """(argv prefix, a directory ``user`` owns: its HOME and TMPDIR) for an owner process.
+
+    ``"root"`` is the test's own user (root on the CI machine); ``"nobody"`` uid 65534.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="gym-harness-owner-"))
+    try:
+        prefix: list[str] | str = []
+        if user == "nobody":
+            os.chmod(workdir, 0o755)
+            if os.geteuid() == 0:
+                os.chown(workdir, NOBODY, NOBODY)
+            prefix = nobody_prefix(workdir)
+            if isinstance(prefix, str):
+                pytest.skip(f"cannot run as an unprivileged user here: {prefix}")
+            probe = subprocess.run(
+                [*prefix, sys.executable, "-c", "import gym_harness.env, psutil"],
+                env=owner_env(workdir),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if probe.returncode != 0:
+                pytest.skip(f"uid {NOBODY} cannot run gym_harness here: {probe.stderr[-300:]}")
+        yield prefix, workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

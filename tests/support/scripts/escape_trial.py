@@ -6,7 +6,7 @@ of its own (the "user's tmp"), a TCP listener and a UDP socket on 127.0.0.1 that
 env endpoints. Then, through ``gymnasium.make``, it runs
 ``tests/support/scripts/escaper.py`` with a task whose hidden file the reward function
 reads, tries each escape in one step, and prints ``{"attempts": {name: succeeded},
-"details": {...}, "reward": r, "sandbox": info["sandbox"]}`` (or ``{"error": text}`` when
+"details": {...}, "reward": r, "sandbox": trajectory.sandbox}`` (or ``{"error": text}`` when
 the env cannot be made).
 """
 
@@ -78,6 +78,9 @@ def main() -> None:
     try:
         _, info = env.reset(seed=0)
         assert not info["error_type"], info["error"]
+        harness = HarnessEnv.of(env).process
+        assert harness is not None
+        attempts["signal_keeper"] = {"try": "signal", "arg": harness.keeper_pid}
         total = 0.0
         for name, attempt in attempts.items():
             reply, r, _, _, step_info = env.step(json.dumps(attempt))
@@ -85,7 +88,7 @@ def main() -> None:
             answer = json.loads(reply)
             results[name], details[name] = answer["ok"], answer["detail"]
             total += float(r)
-        sandbox = info["sandbox"]
+        sandbox = dict(HarnessEnv.of(env).trajectory.sandbox)
         workspace = HarnessEnv.of(env).workspace
         assert workspace is not None
         planted = (workspace.parent / "planted.txt").exists()
