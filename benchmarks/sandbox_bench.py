@@ -1,8 +1,8 @@
-"""What confinement costs: reset (spawn to ready) and one bridge tool call, per tier.
+"""What confinement costs: reset (spawn to ready) and one bridge round trip, per tier.
 
 One env per ``sandbox`` tier (``off``, ``auto``, ``strict`` where it can be had) on the
-same line-protocol harness (``benchmarks/sandbox_harness.py``), which times its own MCP
-tool calls over the bridge from inside its confinement. Rounds are interleaved (each
+same stdlib-only line-protocol harness (``benchmarks/sandbox_harness.py``), which times
+its own HTTP round trips to the bridge from inside its confinement. Rounds are interleaved (each
 round resets every env once, then each makes its calls), so machine noise hits every
 tier alike; prints the medians and each tier's difference from ``off``.
 
@@ -35,7 +35,9 @@ def main() -> None:
     args = parser.parse_args()
     tiers = ["off", "auto"] + ([] if sandbox.report("strict")["missing"] else ["strict"])
     envs = {
-        tier: HarnessEnv("command", command=[sys.executable, HARNESS], tools=[add], sandbox=tier)
+        tier: HarnessEnv(
+            "command", command=[sys.executable, "-S", HARNESS], tools=[add], sandbox=tier
+        )
         for tier in tiers
     }
     resets: dict[str, list[float]] = {tier: [] for tier in tiers}
@@ -56,7 +58,9 @@ def main() -> None:
     finally:
         for env in envs.values():
             env.close()
-    print(f"sandbox_bench: {args.rounds} interleaved rounds, {args.calls} bridge calls a round")
+    print(
+        f"sandbox_bench: {args.rounds} interleaved rounds, {args.calls} bridge round trips a round"
+    )
     strongest = sandbox.report(tiers[-1])
     print(f"  in force under {tiers[-1]}: {', '.join(strongest['enforced'])}")
     base_reset = statistics.median(resets["off"]) * 1e3
@@ -66,7 +70,7 @@ def main() -> None:
         call_us = statistics.median(calls[tier])
         print(
             f"  {tier:>6}: reset {reset_ms:7.2f} ms ({reset_ms - base_reset:+.2f} ms vs off)   "
-            f"bridge call {call_us:7.1f} us ({call_us - base_call:+.1f} us vs off)"
+            f"bridge round trip {call_us:6.1f} us ({call_us - base_call:+.1f} us vs off)"
         )
 
 
