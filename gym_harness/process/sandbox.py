@@ -198,9 +198,10 @@ def policy(
     return out
 
 
-def _interpreter() -> list[str]:
+@functools.cache
+def _interpreter() -> tuple[str, ...]:
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    return sorted(prefixes | {os.path.dirname(os.path.realpath(sys.executable))})
+    return tuple(sorted(prefixes | {os.path.dirname(os.path.realpath(sys.executable))}))
 
 
 def _install_tree(argv: Sequence[str], cwd: str) -> list[str]:
