@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from gym_harness.agents.demo import demo_tasks
 
 AGENT = str(LINE_AGENT)
 ROOT = Path(__file__).resolve().parent.parent
+CompletedRun = subprocess.CompletedProcess[str]
 
 
 def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -299,8 +301,9 @@ def test_python_dash_m_gym_harness_runs_the_command() -> None:
     assert "outcome: done   reward: 1" in result.stdout
 
 
-def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -> None:
-    """The script runs against a stand-in npm (the registry is not this test's business)."""
+def stand_in_clis_install(tmp_path: Path, node_version: str) -> Callable[[], CompletedRun]:
+    """``install-clis.sh`` in a copy of ``.ci``, against a stand-in npm and node (the
+    registry is not these tests' business); returns a function that runs it."""
     ci = tmp_path / ".ci"
     ci.mkdir()
     for name in ("install-clis.sh", "clis-package.json"):
@@ -309,18 +312,28 @@ def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -
     fake_bin.mkdir()
     npm = fake_bin / "npm"
     npm.write_text('#!/bin/sh\necho "npm $*"\nmkdir -p node_modules/.bin\n')
-    npm.chmod(0o755)
+    node = fake_bin / "node"
+    node.write_text(f"#!/bin/sh\necho {node_version}\n")
+    for program in (npm, node):
+        program.chmod(0o755)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
-    def install() -> subprocess.CompletedProcess[str]:
+    def install() -> CompletedRun:
         return subprocess.run(
             ["bash", str(ci / "install-clis.sh")],
             capture_output=True, text=True, env=env, timeout=30, check=False,
         )  # fmt: skip
 
+    return install
+
+
+def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -> None:
+    install = stand_in_clis_install(tmp_path, "v22.11.0")
     first = install()
     assert first.returncode == 0, first.stderr
-    pinned = json.loads((ci / "clis-package.json").read_text())["dependencies"]
+    assert first.stderr == ""  # a recent enough Node.js: no warning
+    assert "about 1.8 GB" in first.stdout
+    pinned = json.loads((ROOT / ".ci" / "clis-package.json").read_text())["dependencies"]
     listed = [line.strip() for line in first.stdout.splitlines() if line.startswith("  ")]
     assert listed == [f"{name}@{version}" for name, version in pinned.items()]
     (npm_line,) = [line for line in first.stdout.splitlines() if line.startswith("npm ")]
@@ -328,6 +341,28 @@ def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -
     assert first.stdout.index("installing into") < first.stdout.index("npm install")
     again = install()
     assert "already installed" in again.stdout and "npm " not in again.stdout
+
+
+def test_install_clis_checks_the_node_version_first_and_says_what_to_install(
+    tmp_path: Path,
+) -> None:
+    result = stand_in_clis_install(tmp_path, "v18.19.1")()
+    assert result.returncode == 1
+    assert "npm " not in result.stdout  # checked before anything is installed
+    assert "Node.js v18.19.1 is too old for the pinned CLIs (they need 20 or newer)" in (
+        result.stderr
+    )
+    assert "install Node.js 22 or newer" in result.stderr
+
+
+def test_install_clis_on_node_20_warns_of_the_engine_and_installs(tmp_path: Path) -> None:
+    result = stand_in_clis_install(tmp_path, "v20.20.2")()
+    assert result.returncode == 0, result.stderr
+    assert "@agentclientprotocol/claude-agent-acp asks for 22 or newer" in result.stderr
+    assert "EBADENGINE" in result.stderr and "install Node.js 22 or newer" in result.stderr
+    assert "npm install" in result.stdout
+    pinned = json.loads((ROOT / ".ci" / "clis-package.json").read_text())["dependencies"]
+    assert "@agentclientprotocol/claude-agent-acp" in pinned
 
 
 def model_rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "check_keywords",
     "config_fields",
     "env_keywords",
+    "expand_generated",
     "format_keywords",
     "harness_options",
     "keywords_of",
@@ -208,6 +210,35 @@ def check_keywords(env_id: str, kwargs: Mapping[str, Any]) -> None:
         f"unknown {names} for {env_id}{': ' + ' '.join(hints) if hints else '.'} "
         f"`gym-harness run --env {env_id} --list-keywords` lists every keyword."
     )
+
+
+#: A page's placeholder for a generated table: ``<!-- generated: WHAT [ARG] -->``.
+_GENERATED = re.compile(r"^<!-- generated: ([\w-]+)(?: (\w+))? -->$", re.MULTILINE)
+
+
+def expand_generated(markdown: str) -> str:
+    """Replace each ``<!-- generated: WHAT [ARG] -->`` line of a docs page with its table.
+
+    ``config-reference``: every ``HarnessConfig`` field; ``env-keywords``: ``HarnessEnv``'s
+    keywords; ``harness-options NAME``: the options of the harness registered as ``NAME``.
+    The documentation site's build runs this on every page (``docs/hooks/generated.py``).
+
+    Raises:
+        ConfigError: A placeholder names nothing this knows (the build then fails).
+    """
+
+    def table(match: re.Match[str]) -> str:
+        what, arg = match.group(1), match.group(2)
+        if what == "config-reference" and arg is None:
+            return markdown_table(config_fields())
+        if what == "env-keywords" and arg is None:
+            return markdown_table(env_keywords())
+        if what == "harness-options" and arg is not None:
+            options = [k for k in harness_options(arg) if k.name not in FIELD_NAMES]
+            return markdown_table(options) if options else "No options of its own.\n"
+        raise ConfigError(f"unknown generated table {match.group(0)!r}")
+
+    return _GENERATED.sub(table, markdown)
 
 
 def _parameters(

@@ -394,14 +394,18 @@ def ray_rollout(
         env_kwargs: Its ``gymnasium.make`` keywords.
         tasks: The tasks; each travels to a node once (``ray.put``).
         out: Where the JSON lines go (flushed after each).
-        n, seed, max_turns, follow_up: As for ``local_rollout`` (the same defaults).
+        n: Episodes per task (as for ``local_rollout``, with the same defaults).
+        seed: Seed of the first episode.
+        max_turns: Turns per episode at most.
+        follow_up: The message of every turn after the first.
         progress: Called with (episodes done, outcome) after each.
         on_record: Called with each record before it is written (it may add keys).
         address: The cluster (see ``connect``); Ray started here is shut down at the end.
         num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
         resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
         timeout_s: The longest one episode may take before its actor is killed.
-        policy, max_steps: Model mode, as for ``run_episode`` (each actor runs the policy).
+        policy: Model mode, as for ``run_episode`` (each actor runs the policy).
+        max_steps: Model mode: steps per episode at most.
 
     Returns:
         How many records were written.
