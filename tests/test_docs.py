@@ -175,6 +175,7 @@ def test_the_configuration_reference_lists_every_harness_config_field() -> None:
         assert row is not None, f"HarnessConfig.{field.name} is missing from the reference"
         cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
         name, kind, default, doc = (cell.strip() for cell in cells)
+        assert name == f"`{field.name}`"
         assert kind == f"`{field.type}`".replace("|", "\\|")
         (keyword,) = [k for k in config_fields() if k.name == field.name]
         assert default == f"`{keyword.default}`".replace("|", "\\|")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shlex
@@ -33,7 +34,7 @@ from typing import Any
 
 import gymnasium
 
-from gym_harness import __version__  # (importing the package registers the env ids)
+import gym_harness  # registers the env ids
 from gym_harness.capture.chat_format import llm_exchanges
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
@@ -124,10 +125,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     python = ".".join(str(part) for part in sys.version_info[:3])
+    versions = f"gymnasium {gymnasium.__version__}, Python {python}"
     parser.add_argument(
-        "--version",
-        action="version",
-        version=f"gym-harness {__version__} (gymnasium {gymnasium.__version__}, Python {python})",
+        "--version", action="version", version=f"gym-harness {gym_harness.__version__} ({versions})"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -287,8 +287,7 @@ def _shell_example(key: str, raw: str) -> str:
 
 def _run(args: argparse.Namespace, kwargs: dict[str, Any], argv: Sequence[str]) -> int:
     env: gymnasium.Env[str, str] = gymnasium.make(args.env, **kwargs)
-    console = Console(sys.stdout)
-    try:
+    with contextlib.closing(env), contextlib.closing(Console(sys.stdout)) as console:
         try:
             harness_env = HarnessEnv.of(env)
         except TypeError as exc:
@@ -301,9 +300,6 @@ def _run(args: argparse.Namespace, kwargs: dict[str, Any], argv: Sequence[str]) 
             env.close()  # ends the harness and removes the workspace before we say so
             print(_interrupted(what, harness_env.trajectory, argv), file=sys.stderr)
             return EXIT_INTERRUPTED
-    finally:
-        console.close()
-        env.close()
 
 
 def _play(

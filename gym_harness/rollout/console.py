@@ -112,9 +112,9 @@ class Console:
             self._draw()
             self.out.flush()
         if self.status and self._thread is None:
-            self._thread = threading.Thread(target=self._redraw, name="gym-harness-status")
-            self._thread.daemon = True
-            self._thread.start()
+            thread = threading.Thread(target=self._redraw, name="gym-harness-status", daemon=True)
+            thread.start()
+            self._thread = thread  # once started: close() joins only a started thread
 
     def idle(self) -> str:
         """Remove the status line; return where it was and for how long (``""`` if none):
@@ -129,9 +129,13 @@ class Console:
         return shown
 
     def close(self) -> None:
-        """Remove the status line and stop its thread (bounded). Idempotent."""
-        self.idle()
+        """Remove the status line and stop its thread (bounded). Idempotent.
+
+        A thread whose ``start()`` was interrupted (Ctrl-C) is not joined: it sees the stop
+        at its next tick and ends by itself.
+        """
         self._stop.set()
+        self.idle()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
 
