@@ -91,6 +91,19 @@ class Terminal:
                     self.seen += os.read(self.fd, 65536).decode("utf-8", "replace")
         return self.status
 
+    def interrupt(self, said: str, *, once: str | None = None) -> str:
+        """Type Ctrl-C (once ``once`` is shown, if given); return what is shown up to
+        ``said``, after the command has exited with 130. Closes the terminal."""
+        try:
+            if once is not None:
+                self.read_until(once)
+            self.type(b"\x03")  # Ctrl-C, through the terminal's line discipline
+            text = self.read_until(said)
+            assert self.wait() == 130
+        finally:
+            self.close()
+        return text
+
     def close(self) -> None:
         if self.status is None:
             with contextlib.suppress(ProcessLookupError):
@@ -139,11 +152,10 @@ def test_ctrl_c_mid_turn_says_what_it_interrupted_and_how_to_start_again(tmp_pat
             for p in psutil.Process(term.pid).children(recursive=True)
             if str(LINE_AGENT) in " ".join(p.cmdline())
         ]
-        term.type(b"\x03")  # Ctrl-C, through the terminal's line discipline
-        said = term.read_until(r"to start it again: gym-harness run .*\n")
-        assert term.wait() == 130
-    finally:
+    except BaseException:
         term.close()
+        raise
+    said = term.interrupt(r"to start it again: gym-harness run .*\n")
     assert re.search(r"gym-harness: interrupted \(Ctrl-C\) in turn 2, \d+\.\d s in;", said)
     assert "the harness was stopped and its workspace removed (1 turn finished" in said
     assert f"gym-harness run --env gym_harness/Command-v0 --set 'command={command}'" in said
@@ -154,14 +166,9 @@ def test_ctrl_c_mid_turn_says_what_it_interrupted_and_how_to_start_again(tmp_pat
 def test_ctrl_c_while_the_harness_starts_says_so(tmp_path: Path) -> None:
     command = json.dumps([sys.executable, str(LINE_AGENT), "never_ready"])
     argv = gym_harness("run", "--env", "gym_harness/Command-v0", "--set", f"command={command}")
-    term = Terminal(argv, tmp_path)
-    try:
-        term.read_until(r"starting the harness, \d+\.\d s")
-        term.type(b"\x03")
-        said = term.read_until(r"to start it again: .*\n")
-        assert term.wait() == 130
-    finally:
-        term.close()
+    said = Terminal(argv, tmp_path).interrupt(
+        r"to start it again: .*\n", once=r"starting the harness, \d+\.\d s"
+    )
     assert "interrupted (Ctrl-C) while the harness started, " in said
     assert "(0 turns finished" in said
 
@@ -172,13 +179,7 @@ def test_ctrl_c_mid_rollout_says_what_was_kept(tmp_path: Path) -> None:
     command = json.dumps([sys.executable, str(LINE_AGENT)])
     args = ["rollout", str(tasks), "--env", "gym_harness/Command-v0", "--set", f"command={command}"]
     term = Terminal(gym_harness(*args, "--out", str(tmp_path / "out.jsonl")), tmp_path)
-    try:
-        term.read_until(r"1/2")
-        term.type(b"\x03")
-        said = term.read_until(r"start the rollout over\.")
-        assert term.wait() == 130
-    finally:
-        term.close()
+    said = term.interrupt(r"start the rollout over\.", once=r"1/2")
     partial = tmp_path / "out.jsonl.partial"
     assert f"interrupted (Ctrl-C) after 1 of 2 episodes; {tmp_path / 'out.jsonl'} is untouched" in (
         " ".join(said.split())
