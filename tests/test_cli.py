@@ -86,6 +86,8 @@ def test_rollout_writes_one_record_per_episode(tmp_path: Path) -> None:
         (["run", "--set", "turn_timeout_s=-1"], "turn_timeout_s"),
         (["run", "--set", "no_such_option=1"], "unknown keyword 'no_such_option'"),
         (["run", "--set", "novalue"], "KEY=VALUE"),
+        (["run", "--env", "CartPole-v1"], "gym-harness runs gym_harness env ids"),
+        (["run", "--env", "CartPole-v1", "--list-keywords"], "is not a gym_harness env id"),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(args: list[str], needle: str) -> None:
