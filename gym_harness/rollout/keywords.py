@@ -104,7 +104,8 @@ def config_fields(config: HarnessConfig | None = None) -> list[Keyword]:
 
 
 def env_keywords(registered: Mapping[str, Any] | None = None) -> list[Keyword]:
-    """``HarnessEnv``'s keyword-only parameters; ``registered`` (an env id's) as defaults."""
+    """``HarnessEnv``'s keywords (``harness`` and the keyword-only parameters), with
+    ``registered`` (an env id's registered keywords) as their defaults."""
     return _parameters("HarnessEnv", HarnessEnv, [HarnessEnv], registered or {})
 
 
