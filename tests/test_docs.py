@@ -84,6 +84,7 @@ def _param(block: Block) -> object:
     return pytest.param(block, id=block.where, marks=marks)
 
 
+@pytest.mark.timeout(600)  # a block takes seconds; the bound leaves room for a shared machine
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_python_block_runs(
     block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_network: None
