@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+import pytest
 from support import LINE_AGENT
 
 #: A line-protocol harness whose turn makes a tool call, then waits for a file to appear.
@@ -40,6 +41,10 @@ for line in sys.stdin:
 """
 
 
+#: Each test takes seconds; the bounds leave room for a machine shared with other runs.
+pytestmark = pytest.mark.timeout(600)
+
+
 class Terminal:
     """A command on a pseudo-terminal: read what it shows, type to it, wait for it."""
 
@@ -55,7 +60,7 @@ class Terminal:
         self.seen = ""
         self.status: int | None = None
 
-    def read_until(self, pattern: str, timeout: float = 60.0) -> str:
+    def read_until(self, pattern: str, timeout: float = 180.0) -> str:
         """Everything shown until ``pattern`` (a regex) appears; fails at EOF or the deadline."""
         deadline = time.monotonic() + timeout
         start = len(self.seen)
@@ -76,7 +81,7 @@ class Terminal:
     def type(self, data: bytes) -> None:
         os.write(self.fd, data)
 
-    def wait(self, timeout: float = 60.0) -> int:
+    def wait(self, timeout: float = 180.0) -> int:
         """The command's exit status (``-N`` for signal N), reading its output meanwhile."""
         deadline = time.monotonic() + timeout
         while self.status is None:
