@@ -56,8 +56,9 @@ def trajectory_html(episode: Mapping[str, Any]) -> str:
     if task is not None:
         head.insert(2, f"<b>task</b> {_esc(str(task.get('id', '')))}")
     parts = [f'<div style="{_BOX}">', f'<div style="{_HEAD}">{" · ".join(head)}</div>']
-    if task is not None and task.get("prompt"):
-        parts.append(_line("task", str(task["prompt"]), "#555"))
+    prompt = None if task is None else task.get("prompt")
+    if prompt and not (turns and turns[0].get("message") == prompt):  # shown once
+        parts.append(_line("task", str(prompt), "#555"))
     parts.extend(_turn(turn) for turn in turns)
     if not turns:
         parts.append(f'<div style="{_HEAD}"><i>no turns yet</i></div>')

@@ -61,8 +61,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
     """A harness subprocess as a Gymnasium environment.
 
     Args:
-        harness: A ``Harness`` instance or a registered name (``"reference"``,
-            ``"command"``, ``"claude_code"``, ``"codex"``, ``"opencode"`` ...).
+        harness: A ``Harness`` instance or a registered name (``"reference"``, ``"command"``,
+            ``"claude_code"`` ...). ``HarnessEnv("reference")`` alone has no tools, tasks or
+            reward; ``gymnasium.make("gym_harness/Reference-v0")`` adds the demo's.
         tools: The env's MCP tools served to the harness: a FastMCP server, a list
             of plain callables, or an import string ``"pkg.module:attr"``.
         reward_fn: ``reward_fn(RewardContext) -> float``, run after every turn in
@@ -192,7 +193,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             The task prompt ("" without tasks) and the info (``StepInfo``'s keys).
         """
         if self._state is Lifecycle.STOPPED:
-            raise ConfigError("reset() on a closed env; make a new one.")
+            raise ConfigError(f"reset() on a closed env ({self._ended_why}): make a new env.")
         super().reset(seed=seed)
         started = time.monotonic()
         # Until the new harness runs (a reset may raise, Ctrl-C may land anywhere).
@@ -222,7 +223,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             raise
         if self._state is Lifecycle.STOPPED:  # closed from another thread meanwhile
             self._owned.release()  # what this reset made after the close
-            raise ConfigError("the env was closed during reset(); make a new one.")
+            raise ConfigError("the env was closed during reset(); make a new env.")
         self.trajectory.reset_s = time.monotonic() - started
         outcome, error = str(self._startup_error[0]), self._startup_error[1]
         if self._model is not None and self._model.ended is not None and not outcome:
@@ -235,17 +236,17 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Send ``action`` as one user message and return the harness's reply.
 
         Raises:
-            ResetNeeded: Before the first ``reset``, after the episode ended, or after
-                a step raised before its turn finished (the message says why).
+            ResetNeeded: Before the first ``reset``, after the episode ended, after ``close()``
+                (make a new env), or after a step raised mid-turn (the message says why).
             TypeError: ``action`` is not a string.
             CallbackError: The ``on_event`` callback raised during this turn; the turn
                 ran to its end and is in ``trajectory``, and the episode can go on.
         """
         if self._state is not Lifecycle.RUNNING:
             why = f" ({self._ended_why})" if self._ended_why else ""
+            fix = "make a new env" if self._state is Lifecycle.STOPPED else "call reset() first"
             raise ResetNeeded(
-                "step() needs a running episode: call reset() first "
-                f"(the env is {self._state.value}{why})."
+                f"step() needs a running episode: {fix} (the env is {self._state.value}{why})."
             )
         if not isinstance(action, str):
             raise TypeError(f"the action must be a str (one user message), got {type(action)!r}.")
@@ -300,7 +301,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             if self._state is Lifecycle.STOPPED:
                 return
             self._state = Lifecycle.STOPPED
-            self._ended_why = "close() was called"
+            self._ended_why = "close() was called; a closed env stays closed"
         with interrupts_held():
             try:
                 self._end_episode()
@@ -451,9 +452,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     ) -> TurnRecord:
         """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
         if self._state is Lifecycle.STOPPED:
-            raise ResetNeeded(
-                f"the env was closed (close() from another thread) during turn {turn}."
-            )
+            raise ResetNeeded(f"close() was called (from another thread) during turn {turn}.")
         if self._proxy is not None:  # a call still waiting upstream is cut into the turn
             result = self._proxy.close_turn(result)
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))

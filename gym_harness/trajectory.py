@@ -19,7 +19,7 @@ from gym_harness.outcome import Outcome
 if TYPE_CHECKING:
     from gym_harness.model.calls import ModelCall
 
-__all__ = ["RewardContext", "RewardFn", "StepInfo", "Trajectory", "TurnRecord"]
+__all__ = ["RewardContext", "RewardFn", "StepInfo", "Trajectory", "TurnRecord", "event_line"]
 
 #: The messages of a record: each turn's user message, then its reply.
 _ROLES = (("user", "message"), ("assistant", "response"))
@@ -359,22 +359,40 @@ class Trajectory:
         return trajectory_html(self.to_dict())
 
     def transcript(self) -> str:
-        """The episode as plain text, one block per turn (``render_mode="ansi"``)."""
-        lines = [f"episode {self.episode_id} ({self.harness})"]
-        if self.task is not None:
-            lines.append(f"task {self.task.get('id')}: {self.task.get('prompt', '')}")
+        """The episode as plain text, one block per turn (``render_mode="ansi"``).
+
+        The task's prompt is shown once: as the first turn's user message, or in the
+        header while no turn has sent it.
+        """
+        lines = [self.header()]
         for t in self.turns:
             lines.append(f"--- turn {t.turn} ({t.elapsed_s:.3f}s, reward {t.reward:g})")
             lines.append(f"user: {t.message}")
-            for e in t.events:
-                if e.type is EventType.TOOL_CALL:
-                    lines.append(f"  tool call {e.data.get('name')} {e.data.get('arguments')}")
-                elif e.type is EventType.TOOL_RESULT:
-                    lines.append(f"  tool result {e.data.get('name')}: {e.data.get('content')}")
+            lines.extend(line for e in t.events if (line := event_line(e)) is not None)
             lines.append(f"harness: {t.response}")
             if t.error_type:
                 lines.append(f"[{t.error_type}] {t.error}")
         return "\n".join(lines) + "\n"
+
+    def header(self) -> str:
+        """The transcript's first line: the episode, the harness and the task."""
+        line = f"episode {self.episode_id} ({self.harness})"
+        if self.task is None:
+            return line
+        line += f", task {self.task.get('id')}"
+        prompt = str(self.task.get("prompt", ""))
+        if not (self.turns and self.turns[0].message == prompt):
+            line += f": {prompt}"
+        return line
+
+
+def event_line(event: HarnessEvent) -> str | None:
+    """A tool call or tool result as one transcript line; ``None`` for other events."""
+    if event.type is EventType.TOOL_CALL:
+        return f"  tool call {event.data.get('name')} {event.data.get('arguments')}"
+    if event.type is EventType.TOOL_RESULT:
+        return f"  tool result {event.data.get('name')}: {event.data.get('content')}"
+    return None
 
 
 def call_record(call: ModelCall) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -9,16 +10,25 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support import LINE_AGENT
 
+from gym_harness.agents.demo import demo_tasks
+
 AGENT = str(LINE_AGENT)
 ROOT = Path(__file__).resolve().parent.parent
+CompletedRun = subprocess.CompletedProcess[str]
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+#: The commands here take seconds; the bounds leave room for a machine shared with other
+#: test runs (load averages of 30 on 2 cores were seen), never for a hang.
+pytestmark = pytest.mark.timeout(600)
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gym_harness.rollout.cli", *args],
         capture_output=True,
@@ -79,8 +89,10 @@ def test_rollout_writes_one_record_per_episode(tmp_path: Path) -> None:
         (["rollout", "/nonexistent/t.jsonl", "--out", "/tmp/x.jsonl"], "Cannot read tasks file"),
         (["run", "--env", "gym_harness/Nope-v0"], "Nope"),
         (["run", "--set", "turn_timeout_s=-1"], "turn_timeout_s"),
-        (["run", "--set", "no_such_option=1"], "Unknown keyword"),
+        (["run", "--set", "no_such_option=1"], "unknown keyword 'no_such_option'"),
         (["run", "--set", "novalue"], "KEY=VALUE"),
+        (["run", "--env", "CartPole-v1"], "gym-harness runs gym_harness env ids"),
+        (["run", "--env", "CartPole-v1", "--list-keywords"], "is not a gym_harness env id"),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(args: list[str], needle: str) -> None:
@@ -116,7 +128,7 @@ def test_set_with_python_syntax_is_a_json_error_with_a_shell_safe_example() -> N
     # The example, pasted into a real shell, runs.
     shell = f"{shlex.quote(sys.executable)} -m gym_harness run --env gym_harness/Command-v0 "
     shell += f"--set {example} --message /done"
-    ran = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=90)
+    ran = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=240)
     assert ran.returncode == 0, ran.stderr
     assert "outcome: done" in ran.stdout
 
@@ -141,13 +153,44 @@ def test_set_keeps_bare_words_as_strings_and_parses_json() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_unknown_keyword_suggests_the_closest_and_lists_env_keywords() -> None:
+def test_unknown_keyword_leads_with_the_suggestion_and_points_to_the_list() -> None:
     result = cli("run", "--set", "reward=1")
     assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "gym-harness: error: unknown keyword 'reward' for gym_harness/Reference-v0: "
+        "did you mean 'reward_fn'?"
+    ), line
+    assert line.endswith(
+        "`gym-harness run --env gym_harness/Reference-v0 --list-keywords` lists every keyword."
+    )
+    assert "turn_timeout_s" not in line  # the list is --list-keywords' job, not this line's
+    listed = cli("run", "--list-keywords")
+    assert listed.returncode == 0, listed.stderr
+    for name in ("reward_fn", "tasks", "tools", "render_mode", "turn_timeout_s", "policy"):
+        assert f"\n  {name}: " in listed.stdout
+    assert "  turn_timeout_s: float = 900.0\n      Wall-clock budget of one turn" in listed.stdout
+
+
+def test_list_keywords_names_every_config_field_with_the_harness_defaults() -> None:
+    from gym_harness import HarnessConfig
+    from gym_harness.rollout.keywords import config_fields
+
+    result = cli("run", "--env", "gym_harness/Command-v0", "--list-keywords")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "harness 'reference'" not in text  # Command-v0's harness has no options
+    for field in dataclasses.fields(HarnessConfig):
+        (keyword,) = [k for k in config_fields() if k.name == field.name]
+        assert f"\n  {field.name}: {keyword.type} = {keyword.default}\n" in text
+
+
+def test_several_unknown_keywords_each_get_their_suggestion() -> None:
+    result = cli("run", "--set", "reward=1", "--set", "idel_timeout_s=3")
+    assert result.returncode == 2
     line = result.stderr.strip()
-    assert "did you mean 'reward_fn'" in line
-    for name in ("'reward_fn'", "'tasks'", "'tools'", "'render_mode'", "'turn_timeout_s'"):
-        assert name in line
+    assert "unknown keywords 'reward', 'idel_timeout_s'" in line
+    assert "did you mean 'reward_fn' for 'reward'? did you mean 'idle_timeout_s' for" in line
 
 
 @pytest.mark.parametrize(
@@ -172,17 +215,41 @@ def test_run_exit_status_follows_the_outcome(
 def test_run_with_a_message_runs_no_demo_task() -> None:
     result = cli("run", "--message", "hi there")
     assert result.returncode == 0, result.stderr
-    assert "task message: hi there" in result.stdout
-    assert "/call" not in result.stdout  # no demo task's prompt in the header
+    header, *lines = result.stdout.splitlines()
+    assert header.startswith("episode ") and header.endswith("(reference)")  # no task
+    assert lines[:3] == ["--- turn 1", "user: hi there", "harness: You said: hi there"]
+    assert "/call" not in result.stdout  # no demo task's prompt
     assert "outcome: ok" in result.stdout and "reward: 0" in result.stdout
 
 
 def test_run_with_a_task_reports_its_outcome_and_score() -> None:
     result = cli("run", "--task", "add")
     assert result.returncode == 0, result.stderr
-    assert "task add:" in result.stdout and "tool result add: 5555" in result.stdout
+    assert ", task add\n" in result.stdout and "tool result add: 5555" in result.stdout
     assert "outcome: ok (the episode was still running after 1 turn)   reward: 1" in result.stdout
     assert "running" not in result.stdout.replace("still running", "")
+
+
+def test_run_prints_the_prompt_once_and_each_line_in_the_order_it_happened() -> None:
+    result = cli("run", "--task", "finish")
+    assert result.returncode == 0, result.stderr
+    prompt = next(t["prompt"] for t in demo_tasks() if t["id"] == "finish")
+    assert result.stdout.count(prompt) == 1  # as the user message, not in the header too
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("episode ") and lines[0].endswith("(reference), task finish")
+    order = ["--- turn 1", "user: ", "  tool call lookup", "  tool result lookup: Jupiter"]
+    order += ["harness: ", "(turn 1: ", "outcome: done   reward: 1"]
+    found = [next(i for i, line in enumerate(lines) if line.startswith(o)) for o in order]
+    assert found == sorted(found), lines
+    assert "\x1b" not in result.stdout  # no status line off a terminal
+
+
+def test_version_names_the_package_version() -> None:
+    import gym_harness
+
+    result = cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"gym-harness {gym_harness.__version__} (gymnasium ")
 
 
 def test_a_task_without_prompt_is_rejected_at_load_with_file_and_line(tmp_path: Path) -> None:
@@ -194,10 +261,38 @@ def test_a_task_without_prompt_is_rejected_at_load_with_file_and_line(tmp_path: 
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_help_shows_defaults_and_exit_statuses() -> None:
-    rollout = cli("rollout", "--help")
-    assert rollout.returncode == 0
-    assert "--max-turns" in rollout.stdout and "(default: 1)" in " ".join(rollout.stdout.split())
+def help_entries(text: str) -> dict[str, str]:
+    """``--help`` output's options: the option's first name -> its help, on one line."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in text.split("options:", 1)[1].split("\n\n", 1)[0].splitlines():
+        if line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return {name: " ".join(entry.split()) for name, entry in entries.items()}
+
+
+@pytest.mark.parametrize("command", ["run", "rollout"])
+def test_help_shows_every_default(command: str) -> None:
+    result = cli(command, "--help")
+    assert result.returncode == 0, result.stderr
+    entries = help_entries(result.stdout)
+    assert {"--env", "--seed", "--set"} <= set(entries)
+    for name, entry in entries.items():
+        if name not in ("-h", "--list-keywords", "--out"):
+            assert "default" in entry, entry
+    assert "(default: 0)" in entries["--seed"]
+    assert "(default: gym_harness/Reference-v0)" in entries["--env"]
+    if command == "rollout":
+        assert "(default: 1)" in entries["-n"] and "(default: 1)" in entries["--max-turns"]
+        assert "(default: Continue.)" in entries["--follow-up"]
+        assert "(default: 100)" in entries["--max-steps"]
+        assert "(required)" in entries["--out"]
+
+
+def test_help_shows_exit_statuses() -> None:
     for args in (("--help",), ("run", "--help")):
         text = " ".join(cli(*args).stdout.split())
         assert "3 the harness never started (startup_failed)" in text
@@ -207,14 +302,15 @@ def test_help_shows_defaults_and_exit_statuses() -> None:
 def test_python_dash_m_gym_harness_runs_the_command() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gym_harness", "run", "--task", "finish"],
-        capture_output=True, text=True, timeout=90, check=False,
+        capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "outcome: done   reward: 1" in result.stdout
 
 
-def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -> None:
-    """The script runs against a stand-in npm (the registry is not this test's business)."""
+def stand_in_clis_install(tmp_path: Path, node_version: str) -> Callable[[], CompletedRun]:
+    """``install-clis.sh`` in a copy of ``.ci``, against a stand-in npm and node (the
+    registry is not these tests' business); returns a function that runs it."""
     ci = tmp_path / ".ci"
     ci.mkdir()
     for name in ("install-clis.sh", "clis-package.json"):
@@ -223,18 +319,28 @@ def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -
     fake_bin.mkdir()
     npm = fake_bin / "npm"
     npm.write_text('#!/bin/sh\necho "npm $*"\nmkdir -p node_modules/.bin\n')
-    npm.chmod(0o755)
+    node = fake_bin / "node"
+    node.write_text(f"#!/bin/sh\necho {node_version}\n")
+    for program in (npm, node):
+        program.chmod(0o755)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
-    def install() -> subprocess.CompletedProcess[str]:
+    def install() -> CompletedRun:
         return subprocess.run(
             ["bash", str(ci / "install-clis.sh")],
             capture_output=True, text=True, env=env, timeout=30, check=False,
         )  # fmt: skip
 
+    return install
+
+
+def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -> None:
+    install = stand_in_clis_install(tmp_path, "v22.11.0")
     first = install()
     assert first.returncode == 0, first.stderr
-    pinned = json.loads((ci / "clis-package.json").read_text())["dependencies"]
+    assert first.stderr == ""  # a recent enough Node.js: no warning
+    assert "about 1.8 GB" in first.stdout
+    pinned = json.loads((ROOT / ".ci" / "clis-package.json").read_text())["dependencies"]
     listed = [line.strip() for line in first.stdout.splitlines() if line.startswith("  ")]
     assert listed == [f"{name}@{version}" for name, version in pinned.items()]
     (npm_line,) = [line for line in first.stdout.splitlines() if line.startswith("npm ")]
@@ -242,6 +348,28 @@ def test_install_clis_says_what_it_installs_and_shows_progress(tmp_path: Path) -
     assert first.stdout.index("installing into") < first.stdout.index("npm install")
     again = install()
     assert "already installed" in again.stdout and "npm " not in again.stdout
+
+
+def test_install_clis_checks_the_node_version_first_and_says_what_to_install(
+    tmp_path: Path,
+) -> None:
+    result = stand_in_clis_install(tmp_path, "v18.19.1")()
+    assert result.returncode == 1
+    assert "npm " not in result.stdout  # checked before anything is installed
+    assert "Node.js v18.19.1 is too old for the pinned CLIs (they need 20 or newer)" in (
+        result.stderr
+    )
+    assert "install Node.js 22 or newer" in result.stderr
+
+
+def test_install_clis_on_node_20_warns_of_the_engine_and_installs(tmp_path: Path) -> None:
+    result = stand_in_clis_install(tmp_path, "v20.20.2")()
+    assert result.returncode == 0, result.stderr
+    assert "@agentclientprotocol/claude-agent-acp asks for 22 or newer" in result.stderr
+    assert "EBADENGINE" in result.stderr and "install Node.js 22 or newer" in result.stderr
+    assert "npm install" in result.stdout
+    pinned = json.loads((ROOT / ".ci" / "clis-package.json").read_text())["dependencies"]
+    assert "@agentclientprotocol/claude-agent-acp" in pinned
 
 
 def model_rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -252,7 +380,7 @@ def model_rollout(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str
         [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         check=False,
         env={**os.environ, "PYTHONPATH": path},
         cwd=tmp_path,
@@ -352,3 +480,69 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
         "out.jsonl.partial",
         "tasks.jsonl",
     ]
+
+
+# ---------------------------------------------------------------- modules of the current directory
+
+#: The console script pip writes for ``gym-harness`` (its own directory goes first on
+#: sys.path, as for any script), so a test can run it from a directory of its own.
+CONSOLE_SCRIPT = "import sys\nfrom gym_harness.rollout.cli import main\nsys.exit(main())\n"
+
+
+def console_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``gym-harness ARGS`` as the installed console script runs, in ``tmp_path/work``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "gym-harness"
+    script.write_text(CONSOLE_SCRIPT)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path / "work",
+    )  # fmt: skip
+
+
+def test_tools_and_policy_modules_in_the_current_directory_import(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mytools.py").write_text(
+        "def add(a: int, b: int) -> int:\n    return a + b\n\nTOOLS = [add]\n"
+    )
+    (work / "mypolicy.py").write_text(
+        "def act(request):\n    return 'The answer is 5.'\n"
+    )  # fmt: skip
+    result = console_script(
+        tmp_path, "run", "--set", "tools=mytools:TOOLS", "--message", '/call add {"a": 2, "b": 3}'
+    )
+    assert result.returncode == 0, result.stderr
+    assert "tool result add: 5" in result.stdout
+    (work / "tasks.jsonl").write_text('{"id": "t", "prompt": "what is 2+3?"}\n')
+    result = console_script(
+        tmp_path, "rollout", "tasks.jsonl", "--mode", "model", "--policy", "mypolicy:act",
+        "--out", "out.jsonl",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (record,) = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
+    assert record["messages"][-1]["content"] == "The answer is 5."
+
+
+def test_a_tools_string_naming_a_function_says_what_it_got_and_what_it_expected(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mytools.py").write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    result = console_script(tmp_path, "run", "--set", "tools=mytools:add")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "tools import string 'mytools:add' names the function 'add'" in line
+    assert "it must name a FastMCP server or a list of callables" in line
+    assert "put `TOOLS = [add]` in mytools and pass 'mytools:TOOLS'" in line
+
+
+def test_a_module_that_is_not_found_says_where_python_looked(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    result = console_script(tmp_path, "run", "--set", "tools=nowhere_mod:TOOLS")
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert "No module named 'nowhere_mod'" in line
+    assert "the current directory" in line and "PYTHONPATH" in line

@@ -373,3 +373,35 @@ def test_make_by_module_prefix_without_importing_gym_harness_first() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["HarnessEnv", "False"]  # and construction stays cheap
+
+
+def test_after_close_step_and_reset_tell_one_story() -> None:
+    env = line_env()
+    env.reset()
+    env.step("hi")
+    env.close()
+    with pytest.raises(ResetNeeded) as stepped:
+        env.step("again")
+    with pytest.raises(ConfigError) as reset:
+        env.reset()
+    for error in (stepped, reset):
+        message = str(error.value)
+        assert "make a new env" in message and "close() was called" in message, message
+        assert "call reset()" not in message
+
+
+def test_the_reference_harness_by_name_has_no_tools_tasks_or_reward() -> None:
+    """As documented: ``HarnessEnv("reference")`` is the bare harness; the registered
+    ``gym_harness/Reference-v0`` adds the demo's tools, tasks and reward."""
+    bare = HarnessEnv("reference")
+    demo = gymnasium.make("gym_harness/Reference-v0")
+    try:
+        prompt, _ = bare.reset(seed=0)
+        assert (prompt, bare.tasks, bare.reward_fn, bare.list_tools()) == ("", (), None, [])
+        prompt, _ = demo.reset(seed=0)
+        inner = HarnessEnv.of(demo)
+        assert prompt and len(inner.tasks) == 4 and inner.reward_fn is not None
+        assert [t.name for t in inner.list_tools()] == ["add", "word_count", "lookup"]
+    finally:
+        bare.close()
+        demo.close()

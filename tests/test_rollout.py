@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any, TextIO
 
 import pytest
@@ -256,3 +259,25 @@ def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
         model_rollout(io.StringIO(), not_an_action)
     with pytest.raises(ConfigError, match="policy must be a callable"):
         model_rollout(io.StringIO(), "json:__doc__")
+
+
+def test_local_rollout_defaults_are_the_commands(tmp_path: Path) -> None:
+    """``local_rollout`` with only its required arguments writes what ``gym-harness rollout``
+    writes with none of its options."""
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text(
+        '{"id": "add", "prompt": "/call add {\\"a\\": 2, \\"b\\": 3}", "meta": {"expect": "5"}}\n'
+        '{"id": "fin", "prompt": "/done Jupiter", "meta": {"expect": "Jupiter"}}\n'
+    )
+    out = io.StringIO()
+    local_rollout("gym_harness/Reference-v0", {}, load_tasks(tasks_file), out=out)
+    ours = [_deterministic(json.loads(line)) for line in out.getvalue().splitlines()]
+    command = tmp_path / "out.jsonl"
+    ran = subprocess.run(
+        [sys.executable, "-m", "gym_harness", "rollout", str(tasks_file), "--out", str(command)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    theirs = [_deterministic(json.loads(line)) for line in command.read_text().splitlines()]
+    assert ours == theirs
+    assert [(r["task_id"], r["seed"], r["turns"]) for r in ours] == [("add", 0, 1), ("fin", 1, 1)]

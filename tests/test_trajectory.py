@@ -140,3 +140,23 @@ def test_of_anything_else_is_a_type_error(other: str | None) -> None:
     env: Any = object() if other is None else gymnasium.make(other)
     with pytest.raises(TypeError, match="expected a HarnessEnv or a gymnasium wrapper of one"):
         HarnessEnv.of(env)
+
+
+def test_the_transcript_and_its_html_show_the_prompt_once() -> None:
+    env = gymnasium.make("gym_harness/Reference-v0", render_mode="ansi")
+    try:
+        prompt, _ = env.reset(options={"task_id": "add"})
+        before = env.render()
+        assert isinstance(before, str) and before.count(prompt) == 1  # in the header
+        env.step(prompt)
+        after = env.render()
+        html = HarnessEnv.of(env).trajectory._repr_html_()
+        env.reset(options={"task_id": "add"})
+        env.step("another message")
+        other = env.render()
+    finally:
+        env.close()
+    assert isinstance(after, str) and after.count(prompt) == 1  # as turn 1's user message
+    assert after.splitlines()[0].endswith("(reference), task add")
+    assert ">task</span>" not in html and ">user</span>" in html  # the prompt as user only
+    assert isinstance(other, str) and other.count(prompt) == 1  # not sent, so in the header

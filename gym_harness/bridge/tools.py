@@ -167,23 +167,48 @@ def load_tools(spec: Any) -> FastMCP:
     """
     from fastmcp import FastMCP
 
-    if isinstance(spec, str):
-        spec = _import_attr(spec)
+    named = spec if isinstance(spec, str) else None
+    if named is not None:
+        spec = import_attr(named, "tools")
     if isinstance(spec, FastMCP):
         return spec
     if isinstance(spec, (list, tuple)) and all(callable(fn) for fn in spec):
         return _wrap_callables(spec)
-    raise ConfigError(
-        f"tools must be a FastMCP server, a list of callables or an import string "
-        f"'package.module:attr', got {type(spec).__name__}"
+    raise ConfigError(_not_tools(spec, named))
+
+
+def _not_tools(value: Any, named: str | None) -> str:
+    """What ``value`` is, and what tools must be (for a string, what it must name)."""
+    got = _describe(value)
+    if isinstance(value, (list, tuple)):
+        bad = next(i for i, item in enumerate(value) if not callable(item))
+        got += f" whose item {bad} is {_describe(value[bad])}"
+    if named is None:
+        return (
+            "tools must be a FastMCP server, a list of callables or an import string "
+            f"'package.module:attr' naming one of those, got {got}."
+        )
+    module, _, attr = named.partition(":")
+    message = (
+        f"tools import string {named!r} names {got}; it must name a FastMCP server or "
+        "a list of callables."
     )
+    if callable(value):
+        message += (
+            f" For one function, put `TOOLS = [{attr}]` in {module} and pass '{module}:TOOLS'."
+        )
+    return message
 
 
-def _import_attr(spec: str) -> Any:
-    target = import_attr(spec, "tools")
-    if isinstance(target, (str, bytes)):
-        raise ConfigError(f"tool import string {spec!r} names a string, not tools")
-    return target
+def _describe(value: Any) -> str:
+    """``value`` for an error message: its kind, and its name or a short repr."""
+    kind = type(value).__name__
+    name = getattr(value, "__name__", None)
+    if callable(value) and isinstance(name, str):
+        return f"the {kind} {name!r}"
+    text = repr(value)
+    article = "an" if kind[:1] in "aeiou" else "a"
+    return f"{article} {kind} ({text[:60]}{'...' if len(text) > 60 else ''})"
 
 
 def _wrap_callables(functions: Sequence[Callable[..., Any]]) -> FastMCP:

@@ -52,7 +52,17 @@ __all__ = [
 
 
 class _Preset(ACPHarness):
-    """Shared options of the presets; subclasses say which variables mean what."""
+    """Shared options of the presets; subclasses say which variables mean what.
+
+    Args:
+        executable: The agent's command, a name looked up on the harness's ``PATH`` or a
+            path; empty for the preset's own command name.
+        model: The model name the agent asks for; ``None`` for the agent's default.
+        base_url: The model API's base URL; ``None`` for the agent's default (or the
+            variable it reads).
+        api_key_env: The variable holding the model API's key; ``None`` for the agent's own.
+        extra_args: Arguments appended to the agent's argv.
+    """
 
     #: The agent's own API-key variable.
     key_var: ClassVar[str] = ""

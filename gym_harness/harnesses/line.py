@@ -126,6 +126,10 @@ class CommandSession(HarnessSession):
 class ReferenceHarness(CommandHarness):
     """The embedded default harness, ``python -m gym_harness.agents.reference``.
 
+    By name alone (``HarnessEnv("reference")``) it gets no tools, tasks or reward, like
+    any harness; ``gymnasium.make("gym_harness/Reference-v0")`` adds the demo's
+    (``gym_harness.agents.demo``: three tools, ``data/demo_tasks.jsonl``, ``demo_reward``).
+
     Args:
         policy: ``"scripted"`` (deterministic, no network) or ``"openai"``
             (any OpenAI-compatible chat-completions endpoint).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from gym_harness.config import FIELD_NAMES
@@ -15,7 +16,7 @@ from gym_harness.errors import ConfigError
 from gym_harness.harnesses.base import Harness
 from gym_harness.utils.imports import import_attr
 
-__all__ = ["HARNESSES", "harness_class", "make_harness"]
+__all__ = ["HARNESSES", "closest_name", "harness_class", "make_harness"]
 
 #: Registered harness names and where their classes live.
 HARNESSES: dict[str, str] = {
@@ -67,10 +68,8 @@ def make_harness(
     """
     if isinstance(harness, Harness):
         if options:
-            raise ConfigError(
-                _unknown_keywords(sorted(options), [], "", env_class)
-                + " Harness options go to the Harness you construct, not to HarnessEnv."
-            )
+            note = " Harness options go to the Harness you construct, not to HarnessEnv."
+            raise ConfigError(_unknown_keywords(sorted(options), [], "", env_class, note))
         return harness
     if not isinstance(harness, str):
         raise ConfigError(f"harness must be a Harness or a registered name, got {harness!r}.")
@@ -91,24 +90,33 @@ def _keyword_only(callable_: Any) -> list[str]:
     return [param.name for param in params if param.kind is param.KEYWORD_ONLY]
 
 
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The name in ``known`` that ``name`` most likely misspells, if one is close enough."""
+    found = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
 def _unknown_keywords(
-    unknown: list[str], harness_options: list[str], harness: str, env_class: type | None
+    unknown: list[str],
+    harness_options: list[str],
+    harness: str,
+    env_class: type | None,
+    note: str = "",
 ) -> str:
-    """The error for keywords nobody takes: the closest known name, then every known one."""
+    """The error for keywords nobody takes: on its first line the closest known names, on
+    the next every known one."""
     env_options = [] if env_class is None else sorted(_keyword_only(env_class))
     known = [*env_options, *harness_options, *sorted(FIELD_NAMES)]
-    hints = []
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        if close:
-            hints.append(f"did you mean {close[0]!r} for {name!r}?")
-    owner = f"the {harness!r} harness" if harness else "a Harness instance"
-    parts = [
-        f"Unknown keyword(s) {unknown} for HarnessEnv with {owner}"
-        + (f"; {' '.join(hints)}" if hints else "."),
-        f"HarnessEnv takes {env_options};",
+    hints = [
+        f"did you mean {close!r} for {name!r}?"
+        for name in unknown
+        if (close := closest_name(name, known)) is not None
     ]
+    owner = f"the {harness!r} harness" if harness else "a Harness instance"
+    first = f"Unknown keyword(s) {unknown} for HarnessEnv with {owner}"
+    first += (f": {' '.join(hints)}" if hints else ".") + note
+    parts = [f"HarnessEnv takes {env_options};"]
     if harness_options:
         parts.append(f"the {harness!r} harness takes {harness_options};")
     parts.append(f"and every HarnessConfig field {sorted(FIELD_NAMES)}.")
-    return " ".join(parts)
+    return first + "\n" + " ".join(parts)

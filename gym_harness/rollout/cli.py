@@ -2,39 +2,56 @@
 
     gym-harness run                       # one episode of gym_harness/Reference-v0
     gym-harness run --env ID --message "fix the test" --set model=M
+    gym-harness run --env ID --list-keywords   # every --set keyword, its type and default
     gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
     gym-harness rollout TASKS.jsonl --mode model --policy pkg.mod:fn --out OUT.jsonl
+
+``run`` prints the episode as it happens (``gym_harness.rollout.console``). Modules in
+the current directory import (``--set tools=mytools:TOOLS``, ``--policy mypolicy:act``),
+as with ``python -m gym_harness``.
 
 Exit status of ``run``: 0 when the episode had no fault (the harness finished, or
 was still running when the messages ran out), 1 when a turn failed (a crash, a
 protocol or harness error, a timeout), 3 when the harness never started
 (``startup_failed``). Bad input (a missing file, bad JSON, an unknown env id or
-option) exits with 2 and one line saying what to fix; Ctrl-C with 130.
+option) exits with 2 and one line saying what to fix; Ctrl-C with 130, after a line
+saying what was interrupted and what was kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shlex
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import gymnasium
 
-import gym_harness  # noqa: F401  (registers the env ids)
+import gym_harness  # registers the env ids
 from gym_harness.capture.chat_format import llm_exchanges
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
-from gym_harness.rollout.local import DEFAULT_MAX_STEPS, load_policy, local_rollout
+from gym_harness.rollout.console import Console, Progress
+from gym_harness.rollout.keywords import check_keywords, keywords_text
+from gym_harness.rollout.local import (
+    DEFAULT_FOLLOW_UP,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MAX_TURNS,
+    DEFAULT_N,
+    DEFAULT_SEED,
+    load_policy,
+    local_rollout,
+)
 from gym_harness.tasks import Task, load_tasks
+from gym_harness.trajectory import Trajectory
 
 __all__ = ["main"]
 
@@ -54,18 +71,50 @@ _JSON_STARTS = ("[", "{", '"')
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _import_from_cwd()
     args = _parser().parse_args(argv)
     try:
+        if args.command == "run" and args.list_keywords:
+            sys.stdout.write(keywords_text(args.env))
+            return EXIT_OK
         kwargs = _env_kwargs(args.set)
+        check_keywords(args.env, kwargs)
         if args.command == "run":
-            return _run(args, kwargs)
+            return _run(args, kwargs, argv)
         return _rollout(args, kwargs)
     except (ConfigError, HarnessError, gymnasium.error.Error, OSError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"gym-harness: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
+        print("gym-harness: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _import_from_cwd() -> None:
+    """Make modules in the current directory importable, as ``python -m`` does.
+
+    An installed console script puts its own directory first on ``sys.path``, not the
+    current one, so ``--set tools=mytools:TOOLS`` would not find ``./mytools.py``.
+    """
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows every option's default: its help says it, or ``(default: X)`` is added."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or not action.option_strings:
+            return text
+        if action.default is None or action.default is False or action.default == []:
+            return text  # such an option's help says what its absence means
+        if action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,26 +122,40 @@ def _parser() -> argparse.ArgumentParser:
         prog="gym-harness",
         description="Agentic harnesses as Gymnasium environments.",
         epilog=_EXIT_HELP,
+        formatter_class=_HelpFormatter,
+    )
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    versions = f"gymnasium {gymnasium.__version__}, Python {python}"
+    parser.add_argument(
+        "--version", action="version", version=f"gym-harness {gym_harness.__version__} ({versions})"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--env", default=DEFAULT_ENV, help=f"env id (default {DEFAULT_ENV})")
-    common.add_argument("--seed", type=int, default=0, help="seed of the first reset")
+    common.add_argument("--env", default=DEFAULT_ENV, help="env id")
+    common.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="seed of the first reset; it picks the task, so the same seed plays the same "
+        "task (default: %(default)s)",
+    )
     common.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="env keyword (a HarnessConfig field or harness option); VALUE is JSON, quoted "
-        'for the shell (--set \'command=["python","agent.py"]\'), or a bare word taken '
-        "as a string (--set model=sonnet)",
+        help="env keyword (a HarnessConfig field or harness option; run --list-keywords "
+        "lists them); VALUE is JSON, quoted for the shell "
+        '(--set \'command=["python","agent.py"]\'), or a bare word taken as a string '
+        "(--set model=sonnet); repeat for several (default: none, the env id's own)",
     )
     run = sub.add_parser(
         "run",
         parents=[common],
-        help="run one episode and print its transcript",
-        description="Run one episode and print its transcript.",
+        help="run one episode, printing each turn as it happens",
+        description="Run one episode, printing each turn as it happens.",
         epilog=_EXIT_HELP,
+        formatter_class=_HelpFormatter,
     )
     run.add_argument("--task", help="task id (default: picked with --seed; none with --message)")
     run.add_argument(
@@ -107,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="stop after this many turns (default: one turn per message)",
     )
+    run.add_argument(
+        "--list-keywords",
+        action="store_true",
+        help="print every keyword --set takes for --env (type, default, meaning) and exit",
+    )
     roll = sub.add_parser(
         "rollout",
         parents=[common],
@@ -114,52 +182,66 @@ def _parser() -> argparse.ArgumentParser:
         description="Run N episodes per task; write one JSON record per episode.",
         epilog="rollout exits 0 once every record is written (each record has its outcome), "
         "2 on bad input, 130 on Ctrl-C.",
+        formatter_class=_HelpFormatter,
     )
     roll.add_argument(
         "--max-turns",
         type=int,
-        default=1,
-        help="turns per episode: the task prompt, then --follow-up (default: %(default)s)",
+        default=DEFAULT_MAX_TURNS,
+        help="turns per episode: the task prompt, then --follow-up",
     )
     roll.add_argument("tasks", type=Path, help="tasks JSONL file ({id, prompt, files?, meta?})")
-    roll.add_argument("-n", type=int, default=1, help="episodes per task")
-    roll.add_argument("--out", type=Path, required=True, help="output JSONL, a record an episode")
-    roll.add_argument("--follow-up", default="Continue.", help="message of turns after the first")
+    roll.add_argument("-n", type=int, default=DEFAULT_N, help="episodes per task")
+    roll.add_argument(
+        "--out", type=Path, required=True, help="output JSONL, a record an episode (required)"
+    )
+    roll.add_argument(
+        "--follow-up", default=DEFAULT_FOLLOW_UP, help="message of turns after the first"
+    )
     roll.add_argument(
         "--ray",
         nargs="?",
         const="",
         default=None,
         metavar="ADDRESS",
-        help="spread the episodes over a Ray cluster at ADDRESS (default: RAY_ADDRESS, "
-        "else a local instance); needs gym_harness[ray]",
+        help="spread the episodes over a Ray cluster at ADDRESS (no ADDRESS: RAY_ADDRESS, "
+        "else a local instance); needs gym_harness[ray] (default: off, envs in this process)",
     )
     roll.add_argument(
         "--capture",
         metavar="UPSTREAM",
         help="record every LLM call through a loopback proxy to this base URL; each record "
-        "gets llm_exchanges (chat messages for TRL / datasets, plus the raw exchange)",
+        "gets llm_exchanges (chat messages for TRL / datasets, plus the raw exchange) "
+        "(default: off)",
     )
     roll.add_argument(
         "--mode",
         choices=("turns", "model"),
         default="turns",
         help="turns: a step is a user turn; model: a step answers one model call of the "
-        "harness, with --policy (default: %(default)s)",
+        "harness, with --policy",
     )
     roll.add_argument(
         "--policy",
         metavar="PKG.MOD:FN",
-        help="with --mode model: FN(request dict) -> action str or dict, for each model call",
+        help="with --mode model: FN(request dict) -> action str or dict, for each model call "
+        "(default: none; --mode model needs one)",
     )
     roll.add_argument(
         "--max-steps",
         type=int,
         default=DEFAULT_MAX_STEPS,
-        help="with --mode model: model calls answered per episode at most (default: %(default)s)",
+        help="with --mode model: model calls answered per episode at most",
     )
-    roll.add_argument("--upstream-key-env", help="variable holding the upstream's API key")
-    roll.add_argument("--logprobs", action="store_true", help="ask the upstream for logprobs")
+    roll.add_argument(
+        "--upstream-key-env",
+        help="with --capture: the variable holding the upstream's API key (default: none)",
+    )
+    roll.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="with --capture: ask the upstream for logprobs (default: off)",
+    )
     return parser
 
 
@@ -203,35 +285,65 @@ def _shell_example(key: str, raw: str) -> str:
     return shlex.quote(f"{key}={text}")
 
 
-def _make(env_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[str, str]:
-    return gymnasium.make(env_id, **kwargs)
+def _run(args: argparse.Namespace, kwargs: dict[str, Any], argv: Sequence[str]) -> int:
+    env: gymnasium.Env[str, str] = gymnasium.make(args.env, **kwargs)
+    with contextlib.closing(env), contextlib.closing(Console(sys.stdout)) as console:
+        try:
+            harness_env = HarnessEnv.of(env)
+        except TypeError as exc:
+            raise ConfigError(f"gym-harness runs gym_harness env ids: {exc}") from exc
+        harness_env.on_event = console.event  # tool calls print as they happen
+        try:
+            return _play(env, harness_env, console, args)
+        except KeyboardInterrupt:
+            what = console.idle()
+            env.close()  # ends the harness and removes the workspace before we say so
+            print(_interrupted(what, harness_env.trajectory, argv), file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
-def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
-    env = _make(args.env, kwargs)
+def _play(
+    env: gymnasium.Env[str, str],
+    harness_env: HarnessEnv,
+    console: Console,
+    args: argparse.Namespace,
+) -> int:
+    """Play ``run``'s episode, streaming it to ``console``; return the exit status."""
     messages = list(args.message)
-    try:
-        options: dict[str, Any] | None = None
-        if args.task:
-            options = {"task_id": args.task}
-        elif messages:
-            # Your own messages, not a demo task's: no task header, no score against one.
-            options = {"task": {"id": "message", "prompt": messages[0]}}
-        prompt, _ = env.reset(seed=args.seed, options=options)
-        messages = messages or ([prompt] if prompt else ["Hello!"])
-        if args.max_turns is not None:
-            messages = messages[: args.max_turns]
-        for message in messages:
-            _, _, terminated, truncated, _ = env.step(message)
-            if terminated or truncated:
-                break
-        trajectory = HarnessEnv.of(env).trajectory
-        sys.stdout.write(trajectory.transcript())
-        outcome, status = _run_outcome(trajectory.outcome, len(trajectory.turns))
-        print(f"outcome: {outcome}   reward: {trajectory.total_reward:g}")
-    finally:
-        env.close()
+    options: dict[str, Any] | None = None
+    if args.task:
+        options = {"task_id": args.task}
+    elif messages:
+        # Your own messages, not a demo task's: no task header, no score against one.
+        options = {"task": {"id": "message", "prompt": messages[0]}}
+    console.busy("starting the harness", "while the harness started")
+    prompt, _ = env.reset(seed=args.seed, options=options)
+    console.idle()
+    trajectory = harness_env.trajectory
+    console.header(trajectory, with_task=not (messages and not args.task))
+    messages = messages or ([prompt] if prompt else ["Hello!"])
+    if args.max_turns is not None:
+        messages = messages[: args.max_turns]
+    for message in messages:
+        console.turn_start(len(trajectory.turns) + 1, message)
+        _, _, terminated, truncated, _ = env.step(message)
+        console.turn_end(trajectory.turns[-1])
+        if terminated or truncated:
+            break
+    outcome, status = _run_outcome(trajectory.outcome, len(trajectory.turns))
+    console.line(f"outcome: {outcome}   reward: {trajectory.total_reward:g}")
     return status
+
+
+def _interrupted(what: str, trajectory: Trajectory, argv: Sequence[str]) -> str:
+    """``run``'s last word after Ctrl-C: what ran, what is left, how to run it again."""
+    done = len(trajectory.turns)
+    where = what or (f"after turn {done}" if done else "before the episode")
+    return (
+        f"gym-harness: interrupted (Ctrl-C) {where}; the harness was stopped and its "
+        f"workspace removed ({done} turn{'' if done == 1 else 's'} finished, shown above). "
+        f"An episode cannot be resumed; to start it again: gym-harness {shlex.join(argv)}"
+    )
 
 
 def _run_outcome(outcome: str, turns: int) -> tuple[str, int]:
@@ -285,7 +397,8 @@ def _write_rollout(
     ends: a run that fails never truncates an existing file. One that fails after
     some records keeps them in ``OUT.partial``.
     """
-    progress = _Progress(len(tasks) * args.n, sys.stderr)
+    total = len(tasks) * args.n
+    progress = Progress(total, sys.stderr)
     target = Path(args.out)
     written = 0
 
@@ -313,16 +426,26 @@ def _write_rollout(
                 on_record=on_record,
                 **options,
             )
-    except BaseException:
+    except BaseException as exc:
+        progress.close()
+        partial = target.with_name(target.name + ".partial")
         if written:
-            partial = target.with_name(target.name + ".partial")
             os.replace(temp, partial)
-            print(f"gym-harness: {written} records kept in {partial}", file=sys.stderr)
         else:
             os.unlink(temp)
-        raise
-    finally:
-        progress.close()
+        kept = f"the {written} written {'is' if written == 1 else 'are'} in {partial}"
+        if not isinstance(exc, KeyboardInterrupt):
+            if written:
+                print(f"gym-harness: {written} records kept in {partial}", file=sys.stderr)
+            raise
+        print(
+            f"gym-harness: interrupted (Ctrl-C) after {written} of {total} episodes; "
+            f"{args.out} is untouched{', ' + kept if written else ''}. Records are not "
+            "resumed: run the same command again to start the rollout over.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    progress.close()
     os.replace(temp, target)
     print(f"wrote {done} episodes to {args.out}")
     return 0
@@ -345,28 +468,6 @@ def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[st
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
     if args.capture:
         record["llm_exchanges"] = llm_exchanges(record["turns"])
-
-
-class _Progress:
-    """A one-line progress bar on a terminal (a plain line per episode otherwise)."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total, self.stream = total, stream
-        self.started = time.monotonic()
-        self.tty = stream.isatty()
-
-    def update(self, done: int, outcome: str) -> None:
-        width = 30
-        filled = width * done // self.total
-        rate = done / max(time.monotonic() - self.started, 1e-9)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"[{bar}] {done}/{self.total} {rate:.2f} ep/s ({outcome})"
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
 
 
 if __name__ == "__main__":

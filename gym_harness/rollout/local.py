@@ -35,6 +35,11 @@ from gym_harness.utils.imports import import_attr
 __all__ = [
     "Episode",
     "EpisodeWorker",
+    "DEFAULT_FOLLOW_UP",
+    "DEFAULT_MAX_STEPS",
+    "DEFAULT_MAX_TURNS",
+    "DEFAULT_N",
+    "DEFAULT_SEED",
     "Policy",
     "episodes",
     "load_policy",
@@ -45,6 +50,10 @@ __all__ = [
 
 #: How long ``schedule`` waits for its worker threads once it stops early (a raise, Ctrl-C).
 JOIN_TIMEOUT_S = 60.0
+#: The defaults of a rollout, the same for ``local_rollout``, ``ray_rollout`` and
+#: ``gym-harness rollout``: one episode per task, the first seeded 0, one turn each
+#: (the task's prompt), and the message of any later turn.
+DEFAULT_N, DEFAULT_SEED, DEFAULT_MAX_TURNS, DEFAULT_FOLLOW_UP = 1, 0, 1, "Continue."
 #: Model mode: steps (model calls answered) per episode at most, unless told otherwise.
 DEFAULT_MAX_STEPS = 100
 
@@ -58,10 +67,10 @@ def run_episode(
     task: dict[str, Any],
     *,
     env_id: str,
-    seed: int,
-    index: int,
-    max_turns: int,
-    follow_up: str,
+    seed: int = DEFAULT_SEED,
+    index: int = 0,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    follow_up: str = DEFAULT_FOLLOW_UP,
     policy: Policy | str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> dict[str, Any]:
@@ -382,11 +391,11 @@ def local_rollout(
     env_kwargs: Mapping[str, Any],
     tasks: Sequence[Task],
     *,
-    n: int,
-    seed: int,
-    max_turns: int,
-    follow_up: str,
     out: TextIO,
+    n: int = DEFAULT_N,
+    seed: int = DEFAULT_SEED,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    follow_up: str = DEFAULT_FOLLOW_UP,
     progress: Callable[[int, str], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     concurrency: int = 1,
@@ -395,17 +404,18 @@ def local_rollout(
 ) -> int:
     """Run ``n`` episodes of every task on envs in this process; write JSONL.
 
-    Episode ``j`` (task-major) gets seed ``seed + j`` whatever the concurrency.
+    Episode ``j`` (task-major) gets seed ``seed + j`` whatever the concurrency. The
+    defaults are ``gym-harness rollout``'s.
 
     Args:
         env_id: The gymnasium id of the envs (``gymnasium.make``).
         env_kwargs: Its ``gymnasium.make`` keywords.
-        tasks: The tasks.
+        tasks: The tasks (``gym_harness.load_tasks`` reads a JSONL file into them).
+        out: Where the JSON lines go (flushed after each).
         n: Episodes per task.
         seed: Seed of the first episode.
-        max_turns: Turns per episode at most.
+        max_turns: Turns per episode at most (the prompt, then ``follow_up``).
         follow_up: The message of every turn after the first.
-        out: Where the JSON lines go (flushed after each).
         progress: Called with (episodes written, outcome) after each.
         on_record: Called with each record before it is written (it may add keys).
         concurrency: Envs running at once (one thread each when more than one).
@@ -415,6 +425,13 @@ def local_rollout(
 
     Returns:
         How many records were written.
+
+    Example:
+        >>> import io
+        >>> from gym_harness import load_tasks
+        >>> tasks = load_tasks([{"id": "t", "prompt": "/done hi"}])
+        >>> local_rollout("gym_harness/Reference-v0", {}, tasks, out=io.StringIO())
+        1
     """
     settings: dict[str, Any] = {"max_turns": max_turns, "follow_up": follow_up}
     if policy is not None:

@@ -42,6 +42,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
+from gym_harness.rollout import local
 from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, run_episode, schedule
 from gym_harness.tasks import Task
 from gym_harness.utils.imports import import_optional
@@ -365,11 +366,11 @@ def ray_rollout(
     env_kwargs: Mapping[str, Any],
     tasks: Sequence[Task],
     *,
-    n: int,
-    seed: int,
-    max_turns: int,
-    follow_up: str,
     out: TextIO,
+    n: int = local.DEFAULT_N,
+    seed: int = local.DEFAULT_SEED,
+    max_turns: int = local.DEFAULT_MAX_TURNS,
+    follow_up: str = local.DEFAULT_FOLLOW_UP,
     progress: Callable[[int, str], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     address: str | None = None,
@@ -377,7 +378,7 @@ def ray_rollout(
     resources_per_env: Mapping[str, Any] | None = None,
     timeout_s: float = 3600.0,
     policy: Callable[..., Any] | str | None = None,
-    max_steps: int = 100,
+    max_steps: int = local.DEFAULT_MAX_STEPS,
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
@@ -392,18 +393,19 @@ def ray_rollout(
         env_id: The gymnasium id each actor makes.
         env_kwargs: Its ``gymnasium.make`` keywords.
         tasks: The tasks; each travels to a node once (``ray.put``).
-        n: Episodes per task.
+        out: Where the JSON lines go (flushed after each).
+        n: Episodes per task (as for ``local_rollout``, with the same defaults).
         seed: Seed of the first episode.
         max_turns: Turns per episode at most.
         follow_up: The message of every turn after the first.
-        out: Where the JSON lines go (flushed after each).
         progress: Called with (episodes done, outcome) after each.
         on_record: Called with each record before it is written (it may add keys).
         address: The cluster (see ``connect``); Ray started here is shut down at the end.
         num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
         resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
         timeout_s: The longest one episode may take before its actor is killed.
-        policy, max_steps: Model mode, as for ``run_episode`` (each actor runs the policy).
+        policy: Model mode, as for ``run_episode`` (each actor runs the policy).
+        max_steps: Model mode: steps per episode at most.
 
     Returns:
         How many records were written.

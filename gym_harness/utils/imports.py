@@ -38,7 +38,16 @@ def import_attr(spec: str, what: str) -> Any:
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"Cannot import {what} from {spec!r}: {exc}.") from exc
+        hint = ""
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            hint = (
+                f" Python looks for {missing!r} on sys.path: the current directory (with "
+                "`gym-harness` and `python -m`), your script's directory, PYTHONPATH and the "
+                "installed packages; run from the directory that holds it, or add that "
+                "directory to PYTHONPATH."
+            )
+        raise ConfigError(f"Cannot import {what} from {spec!r}: {exc}.{hint}") from exc
     return target
 
 
