@@ -226,11 +226,17 @@ class BodyReader:
             parsed, layout = _scan(text, key, base)
         except (_Irregular, StopIteration, ValueError, IndexError):
             parsed, layout, base = parse_whole(text), None, None
+        if layout is not None and layout.twice:  # the conversation is the key's last value
+            layout.reused, base = 0, None
         check_conversation(api, parsed, layout.reused if layout else 0)
         reading, kept = _guarded(api, parsed, layout, base)
         if layout is not None and layout.prefix_end >= 0 and kept is not None:
             self._keep(_Base(prefix=text[: layout.prefix_end], layout=layout, **kept))
         return reading
+
+    def kept(self) -> tuple[int, int]:
+        """How many bases are kept, and how many characters of text they hold."""
+        return len(self._bases), sum(b.chars for b in self._bases)
 
     def _base_for(self, api: str, text: str) -> _Base | None:
         """The base with the longest prefix that ``text`` starts with."""
@@ -242,15 +248,13 @@ class BodyReader:
         return best
 
     def _keep(self, new: _Base) -> None:
+        if new.chars > MAX_BASE_CHARS:
+            return  # too large to keep: the next call is read whole
         # A base the new one starts with is one it extends: it is of no more use.
         self._bases = [b for b in self._bases if not new.prefix.startswith(b.prefix)]
         self._bases.append(new)
-        while len(self._bases) > MAX_BASES or (
-            len(self._bases) > 1 and sum(b.chars for b in self._bases) > MAX_BASE_CHARS
-        ):
+        while len(self._bases) > MAX_BASES or sum(b.chars for b in self._bases) > MAX_BASE_CHARS:
             self._bases.pop(0)
-        if self._bases[-1].chars > MAX_BASE_CHARS:
-            self._bases.pop()
 
 
 def read_parsed(api: str, body: dict[str, Any]) -> Reading:

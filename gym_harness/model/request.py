@@ -139,6 +139,10 @@ class RequestReader:
     def __init__(self) -> None:
         self._bodies = BodyReader()
 
+    def kept(self) -> tuple[int, int]:
+        """How many earlier bodies are kept to read on from, and their characters."""
+        return self._bodies.kept()
+
     def read(
         self,
         path: str,
