@@ -1,0 +1,211 @@
+"""Many model-mode envs on one machine: what one more env costs, and that close() frees it all.
+
+``gymnasium.make_vec("gym_harness/Reference-v0", num_envs=N, mode="model")`` (our vector
+entry point: a worker process per env, each with its harness under a keeper), driven with
+``send``/``recv`` and with ``step``. Printed, for N envs:
+
+* **first reset of all**: ``make_vec`` plus the first ``reset()`` (workers, keepers,
+  harnesses and servers start), and a second ``reset()``;
+* **calls/s**: model calls answered per second, each answer a tool call (the harness
+  runs it over the bridge and makes its next call), through synchronous ``step`` and
+  through ``send``/``recv`` (as ready, ``min_envs=1``), alternating in rounds; the mean
+  batch ``recv`` returned;
+* **per env**: PSS of the whole process tree (this process included, its own before
+  ``make_vec`` taken off) over N; processes, threads and open fds of the tree over N, and
+  by kind (worker, keeper, harness);
+* **after close()**: processes, threads, fds and listening sockets left beside those
+  before ``make_vec``, and workspace directories left (all must be 0).
+
+    python benchmarks/many_envs_bench.py [--envs 64] [--rounds 3] [--steps 10] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+from _common import tree_pss_mb
+
+ENV_ID = "gym_harness/Reference-v0"
+LONG = 100_000  # max_tool_calls and max_episode_steps: no episode ends by a limit
+TOOL = json.dumps({"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]})
+
+
+def tree() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def kind(proc: psutil.Process) -> str:
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "gone"
+    if proc.pid == os.getpid():
+        return "parent"
+    if "keeper.py" in line:
+        return "keeper"
+    if "reference" in line:
+        return "harness"
+    return "worker"
+
+
+def census() -> dict[str, Any]:
+    """Processes, threads and fds of this process tree, by kind; listening sockets."""
+    counts: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    fds: Counter[str] = Counter()
+    pids = set()
+    for proc in tree():
+        try:
+            k = kind(proc)
+            threads[k] += proc.num_threads()
+            fds[k] += proc.num_fds()
+            counts[k] += 1
+            pids.add(proc.pid)
+        except psutil.Error:
+            continue
+    listening = sum(
+        1
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    )
+    return {
+        "processes": dict(counts),
+        "threads": dict(threads),
+        "fds": dict(fds),
+        "listening": listening,
+    }
+
+
+def workspaces() -> int:
+    """Workspace roots of ours in the temp directory."""
+    return sum(1 for p in Path(tempfile.gettempdir()).glob("gym_harness-*") if p.is_dir())
+
+
+def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
+    import gymnasium
+
+    import gym_harness  # noqa: F401  (registers the env ids)
+
+    before, before_pss, before_spaces = census(), tree_pss_mb(os.getpid()), workspaces()
+    before_threads = threading.active_count()
+    start = time.perf_counter()
+    envs = gymnasium.make_vec(ENV_ID, num_envs=n, mode="model", max_tool_calls=LONG,
+                              max_episode_steps=LONG)  # fmt: skip
+    made = time.perf_counter() - start
+    try:
+        _, infos = envs.reset(seed=0)
+        first_reset = time.perf_counter() - start
+        bad = [e for e in infos["error_type"] if e]
+        if bad:
+            raise RuntimeError(f"resets failed: {bad[:3]}")
+        start = time.perf_counter()
+        envs.reset(seed=1)
+        second_reset = time.perf_counter() - start
+        actions = [TOOL] * n
+        sync_rates, ready_rates, batches = [], [], []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                _, _, terminated, truncated, infos = envs.step(actions)
+                if terminated.any() or truncated.any():
+                    raise RuntimeError(f"an episode ended: {list(infos['error'])[:3]}")
+            sync_rates.append(n * steps / (time.perf_counter() - start))
+            start, answered = time.perf_counter(), 0
+            left = [steps] * n  # calls still to answer, per env
+            envs.send(actions)
+            while answered < n * steps:
+                _, _, terminated, _, infos = envs.recv(min_envs=1)
+                if terminated.any():
+                    raise RuntimeError(f"an episode ended: {list(infos['error'])[:3]}")
+                ids = [int(i) for i in infos["env_id"]]
+                answered += len(ids)
+                batches.append(len(ids))
+                for i in ids:
+                    left[i] -= 1
+                again = [i for i in ids if left[i] > 0]
+                if again:
+                    envs.send([TOOL] * len(again), env_ids=again)
+            ready_rates.append(answered / (time.perf_counter() - start))
+        during = census()
+        pss = tree_pss_mb(os.getpid()) - before_pss
+    finally:
+        envs.close()
+    deadline = time.monotonic() + 15
+    after = census()
+    while time.monotonic() < deadline and sum(after["processes"].values()) > 1:
+        time.sleep(0.2)
+        after = census()
+    total = {k: sum(during[k].values()) - sum(before[k].values()) for k in ("threads", "fds")}
+    procs = sum(during["processes"].values()) - sum(before["processes"].values())
+    return {
+        "envs": n,
+        "make_vec_s": made,
+        "first_reset_s": first_reset,
+        "second_reset_s": second_reset,
+        "sync_calls_per_s": statistics.median(sync_rates),
+        "ready_calls_per_s": statistics.median(ready_rates),
+        "mean_recv_batch": statistics.mean(batches),
+        "pss_per_env_mb": pss / n,
+        "processes_per_env": procs / n,
+        "threads_per_env": total["threads"] / n,
+        "fds_per_env": total["fds"] / n,
+        "by_kind": during,
+        "left_after_close": {
+            "processes": sum(after["processes"].values()) - sum(before["processes"].values()),
+            "threads": sum(after["threads"].values()) - sum(before["threads"].values()),
+            "parent_threads": threading.active_count() - before_threads,
+            "fds": sum(after["fds"].values()) - sum(before["fds"].values()),
+            "listening": after["listening"] - before["listening"],
+            "workspaces": workspaces() - before_spaces,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=int, default=64, help="how many model-mode envs")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating step/recv rounds")
+    parser.add_argument("--steps", type=int, default=10, help="calls per env per round")
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    args = parser.parse_args()
+    result = measure(args.envs, args.rounds, args.steps)
+    if args.json:
+        print(json.dumps(result))
+        return
+    n = result["envs"]
+    print(f"$ python {' '.join(sys.argv)}")
+    print(f"{n} model-mode envs ({ENV_ID}, make_vec default mode) on {os.cpu_count()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.1f} GiB")  # fmt: skip
+    print(f"  make_vec                         {result['make_vec_s']:8.2f} s")
+    print(f"  make_vec + first reset of all    {result['first_reset_s']:8.2f} s")
+    print(f"  second reset of all              {result['second_reset_s']:8.2f} s")
+    print(f"  calls/s, step (all {n} at once)   {result['sync_calls_per_s']:8.1f}")
+    print(f"  calls/s, send/recv (min_envs=1)  {result['ready_calls_per_s']:8.1f}"
+          f"   mean recv batch {result['mean_recv_batch']:.1f}")  # fmt: skip
+    print(f"  PSS per env                      {result['pss_per_env_mb']:8.1f} MB   (goal <= 30)")
+    print(f"  processes per env                {result['processes_per_env']:8.2f}")
+    print(f"  threads per env                  {result['threads_per_env']:8.2f}")
+    print(f"  fds per env                      {result['fds_per_env']:8.2f}")
+    during = result["by_kind"]
+    for what in ("processes", "threads", "fds"):
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(during[what].items()))
+        print(f"    {what} by kind: {parts}")
+    left = result["left_after_close"]
+    print("  left after close(): " + ", ".join(f"{k} {v}" for k, v in left.items())
+          + ("   (all 0: nothing leaks)" if not any(left.values()) else "   LEAK"))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
