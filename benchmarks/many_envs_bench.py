@@ -41,6 +41,12 @@ LONG = 100_000  # max_tool_calls and max_episode_steps: no episode ends by a lim
 TOOL = json.dumps({"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]})
 
 
+def ended(terminated: Any, truncated: Any, infos: dict[str, Any]) -> str:
+    """What ended the episodes that ended ("" when none did)."""
+    ids = [i for i, (a, b) in enumerate(zip(terminated, truncated, strict=True)) if a or b]
+    return "; ".join(f"env {i}: {infos['error_type'][i]} {infos['error'][i]}" for i in ids[:3])
+
+
 def tree() -> list[psutil.Process]:
     me = psutil.Process()
     return [me, *me.children(recursive=True)]
@@ -119,16 +125,16 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
             start = time.perf_counter()
             for _ in range(steps):
                 _, _, terminated, truncated, infos = envs.step(actions)
-                if terminated.any() or truncated.any():
-                    raise RuntimeError(f"an episode ended: {list(infos['error'])[:3]}")
+                if why := ended(terminated, truncated, infos):
+                    raise RuntimeError(f"an episode ended: {why}")
             sync_rates.append(n * steps / (time.perf_counter() - start))
             start, answered = time.perf_counter(), 0
             left = [steps] * n  # calls still to answer, per env
             envs.send(actions)
             while answered < n * steps:
-                _, _, terminated, _, infos = envs.recv(min_envs=1)
-                if terminated.any():
-                    raise RuntimeError(f"an episode ended: {list(infos['error'])[:3]}")
+                _, _, terminated, truncated, infos = envs.recv(min_envs=1)
+                if why := ended(terminated, truncated, infos):
+                    raise RuntimeError(f"an episode ended: {why}")
                 ids = [int(i) for i in infos["env_id"]]
                 answered += len(ids)
                 batches.append(len(ids))

@@ -263,3 +263,36 @@ def test_model_mode_sends_answers_and_receives_the_next_calls() -> None:
         assert list(infos["env_id"]) == [1] and list(infos["error_type"]) == [""]
     finally:
         envs.close()
+
+
+def open_fds(pid: int | None = None) -> set[str]:
+    """The targets of a process's open fds (pipes and sockets by inode)."""
+    where = f"/proc/{pid or os.getpid()}/fd"
+    found = set()
+    for name in os.listdir(where):
+        try:
+            found.add(f"{name}:{os.readlink(f'{where}/{name}')}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own fd)
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_workers_inherit_no_siblings_pipes_and_close_releases_the_parents(
+    harness: list[str],
+) -> None:
+    """A worker forked after others holds none of their pipes (no O(N²) fds, and a
+    worker sees EOF when the parent dies); close() leaves the parent no fd of its own."""
+    before = open_fds()
+    envs = make(harness, num_envs=4)
+    try:
+        envs.reset(seed=0)
+        counts = [len(open_fds(p.pid)) for p in envs.processes]
+        assert counts[-1] == counts[0], counts
+        parent_ends = {f"pipe:[{os.fstat(p.fileno()).st_ino}]" for p in envs.parent_pipes}
+        for process in envs.processes:
+            held = {fd.split(":", 1)[1] for fd in open_fds(process.pid)}
+            assert not held & parent_ends
+    finally:
+        envs.close()
+    assert open_fds() - before == set()

@@ -53,7 +53,9 @@ from gym_harness.vector.worker import (
     WorkerFailure,
     describe_exit,
     end_processes,
+    release_parent_side,
     run_worker,
+    track,
 )
 
 __all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
@@ -115,6 +117,7 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         self._mask = np.ones(n, dtype=np.bool_)
         self._reset_kwargs: list[dict[str, Any]] = [dict(_AUTORESET) for _ in range(n)]
         self._as_ready = ReadySteps(self)  # send/recv
+        track(self)  # workers forked later close this one's pipes (see worker.py)
         super().__init__(
             env_fns,
             shared_memory=False,
@@ -300,9 +303,7 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
                     self._send(i, ("close", None), _CALL)
             self._pending = {}
         end_processes([self.processes[i] for i in live], deadline)
-        for pipe in self.parent_pipes:
-            with contextlib.suppress(OSError):
-                pipe.close()
+        release_parent_side(self.parent_pipes, self.processes, self.error_queue)
 
     # ----------------------------------------------------------------- internals
 
