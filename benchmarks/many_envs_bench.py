@@ -11,8 +11,9 @@ entry point: a worker process per env, each with its harness under a keeper), dr
   through ``send``/``recv`` (as ready, ``min_envs=1``), alternating in rounds; the mean
   batch ``recv`` returned;
 * **per env**: PSS of the whole process tree (this process included, its own before
-  ``make_vec`` taken off) over N; processes, threads and open fds of the tree over N, and
-  by kind (worker, keeper, harness);
+  ``make_vec`` taken off) over N, ours (workers, keepers, this process's share) apart from
+  the harness's (the reference agent: the workload, not ours); processes, threads and
+  open fds of the tree over N, and by kind (worker, keeper, harness);
 * **after close()**: processes, threads, fds and listening sockets left beside those
   before ``make_vec``, and workspace directories left (all must be 0).
 
@@ -71,12 +72,14 @@ def census() -> dict[str, Any]:
     counts: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     fds: Counter[str] = Counter()
+    pss: Counter[str] = Counter()
     pids = set()
     for proc in tree():
         try:
             k = kind(proc)
             threads[k] += proc.num_threads()
             fds[k] += proc.num_fds()
+            pss[k] += round(proc.memory_full_info().pss / 1e6, 1)
             counts[k] += 1
             pids.add(proc.pid)
         except psutil.Error:
@@ -90,6 +93,7 @@ def census() -> dict[str, Any]:
         "processes": dict(counts),
         "threads": dict(threads),
         "fds": dict(fds),
+        "pss_mb": dict(pss),
         "listening": listening,
     }
 
@@ -146,6 +150,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
             ready_rates.append(answered / (time.perf_counter() - start))
         during = census()
         pss = tree_pss_mb(os.getpid()) - before_pss
+        harness_pss = during["pss_mb"].get("harness", 0.0)
     finally:
         envs.close()
     deadline = time.monotonic() + 15
@@ -154,6 +159,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
         time.sleep(0.2)
         after = census()
     total = {k: sum(during[k].values()) - sum(before[k].values()) for k in ("threads", "fds")}
+    after.pop("pss_mb")
     procs = sum(during["processes"].values()) - sum(before["processes"].values())
     return {
         "envs": n,
@@ -164,6 +170,8 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
         "ready_calls_per_s": statistics.median(ready_rates),
         "mean_recv_batch": statistics.mean(batches),
         "pss_per_env_mb": pss / n,
+        "env_pss_per_env_mb": (pss - harness_pss) / n,
+        "harness_pss_per_env_mb": harness_pss / n,
         "processes_per_env": procs / n,
         "threads_per_env": total["threads"] / n,
         "fds_per_env": total["fds"] / n,
@@ -200,17 +208,21 @@ def main() -> None:
     print(f"  calls/s, step (all {n} at once)   {result['sync_calls_per_s']:8.1f}")
     print(f"  calls/s, send/recv (min_envs=1)  {result['ready_calls_per_s']:8.1f}"
           f"   mean recv batch {result['mean_recv_batch']:.1f}")  # fmt: skip
-    print(f"  PSS per env                      {result['pss_per_env_mb']:8.1f} MB   (goal <= 30)")
+    print(f"  PSS per env, ours (worker, keeper, parent's share)"
+          f" {result['env_pss_per_env_mb']:6.1f} MB   (goal <= 30)")  # fmt: skip
+    print(f"  PSS per env, the harness (the reference agent)"
+          f"     {result['harness_pss_per_env_mb']:6.1f} MB")  # fmt: skip
+    print(f"  PSS per env, all                 {result['pss_per_env_mb']:8.1f} MB")
     print(f"  processes per env                {result['processes_per_env']:8.2f}")
     print(f"  threads per env                  {result['threads_per_env']:8.2f}")
     print(f"  fds per env                      {result['fds_per_env']:8.2f}")
     during = result["by_kind"]
-    for what in ("processes", "threads", "fds"):
-        parts = ", ".join(f"{k} {v}" for k, v in sorted(during[what].items()))
+    for what in ("processes", "threads", "fds", "pss_mb"):
+        parts = ", ".join(f"{k} {v:g}" for k, v in sorted(during[what].items()))
         print(f"    {what} by kind: {parts}")
     left = result["left_after_close"]
     print("  left after close(): " + ", ".join(f"{k} {v}" for k, v in left.items())
-          + ("   (all 0: nothing leaks)" if not any(left.values()) else "   LEAK"))  # fmt: skip
+          + ("   (none > 0: nothing leaks)" if max(left.values()) <= 0 else "   LEAK"))  # fmt: skip
 
 
 if __name__ == "__main__":
