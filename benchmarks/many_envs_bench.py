@@ -5,7 +5,8 @@ entry point: a worker process per env, each with its harness under a keeper), dr
 ``send``/``recv`` and with ``step``. Printed, for N envs:
 
 * **first reset of all**: ``make_vec`` plus the first ``reset()`` (workers, keepers,
-  harnesses and servers start), and a second ``reset()``;
+  harnesses and servers start), and a second ``reset()``; how many harnesses found no
+  tools (their MCP connect timed out in the start storm: those are reset again);
 * **calls/s**: model calls answered per second, each answer a tool call (the harness
   runs it over the bridge and makes its next call), through synchronous ``step`` and
   through ``send``/``recv`` (as ready, ``min_envs=1``), alternating in rounds; the mean
@@ -46,6 +47,28 @@ def ended(terminated: Any, truncated: Any, infos: dict[str, Any]) -> str:
     """What ended the episodes that ended ("" when none did)."""
     ids = [i for i, (a, b) in enumerate(zip(terminated, truncated, strict=True)) if a or b]
     return "; ".join(f"env {i}: {infos['error_type'][i]} {infos['error'][i]}" for i in ids[:3])
+
+
+def without_tools(envs: Any, obs: Any, infos: dict[str, Any], seed: int) -> int:
+    """How many envs' first call offered no ``add`` tool; those are reset until theirs does.
+
+    The reference agent lists the bridge's tools at a turn's start and gives up after its
+    connect timeout (30 s): when N harnesses start at once on two cores, a few may.
+    """
+    import numpy as np
+
+    bad = [e for e in infos["error_type"] if e]
+    if bad:
+        raise RuntimeError(f"resets failed: {bad[:3]}")
+    first = None
+    for attempt in range(5):
+        names = [[t["function"]["name"] for t in json.loads(o)["tools"]] for o in obs]
+        missing = np.array(["add" not in n for n in names])
+        first = int(missing.sum()) if first is None else first
+        if not missing.any():
+            return first
+        obs, infos = envs.reset(seed=seed + attempt, options={"reset_mask": missing})
+    raise RuntimeError(f"{int(missing.sum())} envs found no tools after 5 resets")
 
 
 def tree() -> list[psutil.Process]:
@@ -115,14 +138,13 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
                               max_episode_steps=LONG)  # fmt: skip
     made = time.perf_counter() - start
     try:
-        _, infos = envs.reset(seed=0)
+        obs, infos = envs.reset(seed=0)
         first_reset = time.perf_counter() - start
-        bad = [e for e in infos["error_type"] if e]
-        if bad:
-            raise RuntimeError(f"resets failed: {bad[:3]}")
+        no_tools = [without_tools(envs, obs, infos, seed=1)]
         start = time.perf_counter()
-        envs.reset(seed=1)
+        obs, infos = envs.reset(seed=2)
         second_reset = time.perf_counter() - start
+        no_tools.append(without_tools(envs, obs, infos, seed=3))
         actions = [TOOL] * n
         sync_rates, ready_rates, batches = [], [], []
         for _ in range(rounds):
@@ -166,6 +188,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
         "make_vec_s": made,
         "first_reset_s": first_reset,
         "second_reset_s": second_reset,
+        "harnesses_without_tools": no_tools,
         "sync_calls_per_s": statistics.median(sync_rates),
         "ready_calls_per_s": statistics.median(ready_rates),
         "mean_recv_batch": statistics.mean(batches),
@@ -205,6 +228,8 @@ def main() -> None:
     print(f"  make_vec                         {result['make_vec_s']:8.2f} s")
     print(f"  make_vec + first reset of all    {result['first_reset_s']:8.2f} s")
     print(f"  second reset of all              {result['second_reset_s']:8.2f} s")
+    print("  harnesses that found no tools at reset (reset again): "
+          f"{result['harnesses_without_tools']}  (their MCP connect's 30 s ran out)")  # fmt: skip
     print(f"  calls/s, step (all {n} at once)   {result['sync_calls_per_s']:8.1f}")
     print(f"  calls/s, send/recv (min_envs=1)  {result['ready_calls_per_s']:8.1f}"
           f"   mean recv batch {result['mean_recv_batch']:.1f}")  # fmt: skip
