@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -121,9 +120,9 @@ def census() -> dict[str, Any]:
     }
 
 
-def workspaces() -> int:
-    """Workspace roots of ours in the temp directory."""
-    return sum(1 for p in Path(tempfile.gettempdir()).glob("gym_harness-*") if p.is_dir())
+def workspace_roots(envs: Any) -> list[Path]:
+    """Each env's workspace root (the ``gym_harness-*`` directory of its episode)."""
+    return [Path(w).parent.parent for w in envs.get_attr("workspace")]
 
 
 def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
@@ -131,7 +130,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
 
     import gym_harness  # noqa: F401  (registers the env ids)
 
-    before, before_pss, before_spaces = census(), tree_pss_mb(os.getpid()), workspaces()
+    before, before_pss = census(), tree_pss_mb(os.getpid())
     before_threads = threading.active_count()
     start = time.perf_counter()
     envs = gymnasium.make_vec(ENV_ID, num_envs=n, mode="model", max_tool_calls=LONG,
@@ -170,6 +169,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
                 if again:
                     envs.send([TOOL] * len(again), env_ids=again)
             ready_rates.append(answered / (time.perf_counter() - start))
+        roots = workspace_roots(envs)
         during = census()
         pss = tree_pss_mb(os.getpid()) - before_pss
         harness_pss = during["pss_mb"].get("harness", 0.0)
@@ -205,7 +205,7 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
             "parent_threads": threading.active_count() - before_threads,
             "fds": sum(after["fds"].values()) - sum(before["fds"].values()),
             "listening": after["listening"] - before["listening"],
-            "workspaces": workspaces() - before_spaces,
+            "workspaces": sum(1 for root in roots if root.exists()),
         },
     }
 
