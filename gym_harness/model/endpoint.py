@@ -16,9 +16,8 @@ wire format (:class:`~gym_harness.model.AnswerWriter`).
   when set: see ``gym_harness.model._side``); with ``"all"`` they are steps too.
 * **Retries are not new steps.** A request equal to a waiting call (``stream`` aside;
   on ``x-stainless-retry-count`` > 0, its conversation alone) joins it; one equal to a
-  recently answered call gets the same answer again (see docs/model-mode.md). A cheap
-  key (:class:`~gym_harness.model.calls.CallKey`) finds candidates; bodies are compared
-  only then.
+  recently answered call gets the same answer again (see docs/model-mode.md); a cheap
+  key (:class:`~gym_harness.model.calls.CallKey`) finds candidates to compare.
 * **Incremental reads.** Each request is read from what the episode's earlier ones left
   (:class:`~gym_harness.model.request.RequestReader`): only the new part of the
   conversation is parsed and converted.
@@ -349,11 +348,12 @@ class ModelEndpoint(LoopbackService):
         if not call.claimed:
             with contextlib.suppress(ValueError):  # already taken out by next_request
                 self._unclaimed.remove(call)
-        same = self._by_key.get(call.key.cheap) if call.key is not None else None
-        if same is not None and call in same:
+        key = call.key
+        same = self._by_key.get(key.cheap, []) if key is not None else []
+        if key is not None and call in same:
             same.remove(call)
             if not same:
-                del self._by_key[call.key.cheap]  # type: ignore[union-attr]
+                del self._by_key[key.cheap]
         completion = answer[0] if answer else None
         status, error = failure if failure else (200, "")
         record = ModelCall.of(
