@@ -15,6 +15,10 @@ checks the bridge needs, in this order, each answered at once with
    no ``mcp-session-id``) fits the token's session cap: 429 with a JSON-RPC error
    otherwise. Later protocol versions are stateless and open no session.
 
+A plain stateless-era ``tools/call`` (most of a harness's requests) is answered the short
+way, with the bytes mcp would send (:mod:`gym_harness.bridge.fast_call`); every other
+request goes to mcp's session manager.
+
 Sessions belong to the token that opened them: :meth:`BridgeHTTP.close_all`, run at
 each token rotation, closes every session and connection. Responses are JSON, not
 SSE (every compliant client accepts JSON: mcp's SSE mode requires it too).
@@ -33,6 +37,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gym_harness.bridge.fast_call import MODERN_VERSION, PlainCall, answer, plain_tool_call
 from gym_harness.loopback.connections import CONNECTION_KEY
 
 if TYPE_CHECKING:
@@ -43,6 +48,8 @@ __all__ = ["MCP_PATH", "BridgeHTTP"]
 MCP_PATH = "/mcp"
 _LOOPBACK_NAMES = (b"127.0.0.1", b"localhost", b"[::1]")
 _SESSION_HEADER = b"mcp-session-id"
+_JSON = b"application/json"
+MODERN = MODERN_VERSION.encode()
 # The token of the request being served, read where mcp registers a session.
 _REQUEST_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("bridge_request_token")
 
@@ -72,6 +79,8 @@ class BridgeHTTP:
         max_sessions: Sessions one token may have open at once.
         max_body_bytes: Largest request body accepted.
         tool_workers: Worker threads for sync tools (the loop's anyio thread limiter).
+        fast_tools: The tools a plain ``tools/call`` may reach the short way
+            (:mod:`gym_harness.bridge.fast_call`).
     """
 
     def __init__(
@@ -82,8 +91,12 @@ class BridgeHTTP:
         max_sessions: int,
         max_body_bytes: int,
         tool_workers: int,
+        fast_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.bridge = bridge
+        self.fast_tools = fast_tools
+        #: Plain ``tools/call`` requests answered the short way so far.
+        self.plain_calls = 0
         self.server = server
         self.max_sessions = max_sessions
         self.max_body_bytes = max_body_bytes
@@ -187,6 +200,11 @@ class BridgeHTTP:
             if body is None:
                 await _refuse(send, 413, self._too_large())
                 return
+            if session is None and version == MODERN and self.fast_tools:
+                call = plain_tool_call(body, scope["headers"], self.fast_tools)
+                if call is not None:
+                    await self._answer_plain(call, scope, send)
+                    return
             receive = _replay(body, receive)
             if session is None and (version is None or version in _handshake_versions()):
                 await self._open_session(token, body, scope, receive, send)
@@ -218,6 +236,20 @@ class BridgeHTTP:
         finally:
             reset_transport(transport)
             _REQUEST_TOKEN.reset(reset)
+
+    async def _answer_plain(self, call: PlainCall, scope: Any, send: Any) -> None:
+        """A plain ``tools/call``, the short way (with the context fastmcp's app sets)."""
+        self.plain_calls += 1
+        set_transport, reset_transport, set_http_request, Request = _fastmcp_context()
+        transport = set_transport("streamable-http")
+        try:
+            with set_http_request(Request(scope)):
+                status, data = await answer(self.server, call)
+        finally:
+            reset_transport(transport)
+        headers = [(b"content-length", str(len(data)).encode()), (b"content-type", _JSON)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
 
     async def _read_body(self, receive: Any) -> bytes | None:
         """The whole body, or ``None`` as soon as it passes the limit."""

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gym_harness.bridge.fast_call import eligible_tools
 from gym_harness.bridge.http import MCP_PATH, BridgeHTTP
 from gym_harness.bridge.tool_runner import ToolRunner
 from gym_harness.bridge.tools import (
@@ -157,6 +158,7 @@ class MCPBridge(RotatingToken):
         self._served: FastMCP | None = None
         self._names: dict[str, str] = {}
         self._runner: ToolRunner | None = None
+        self._fast: frozenset[str] = frozenset()  # tools a plain tools/call reaches directly
         self._specs: list[ToolSpec] = []
         self._server: LoopbackServer | None = None
         self._http: BridgeHTTP | None = None
@@ -326,6 +328,7 @@ class MCPBridge(RotatingToken):
             timeout_s=self.tool_timeout_s,
             workers=self.tool_workers,
         )
+        self._fast = eligible_tools({new: originals[old] for new, old in names.items()})
         self._specs = [
             ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
             for t in served
@@ -334,6 +337,8 @@ class MCPBridge(RotatingToken):
             "gym-harness-bridge",
             tools=served,
             on_duplicate="error",
+            # A plain tools/call skips this server's middleware (bridge/fast_call.py): what
+            # is added here may watch tools/list, never a call.
             middleware=[_listing_watch(self)],
         )
 
@@ -371,6 +376,7 @@ class MCPBridge(RotatingToken):
             max_sessions=self.max_sessions,
             max_body_bytes=self.max_body_bytes,
             tool_workers=self.tool_workers,
+            fast_tools=self._fast,
         )
         server = LoopbackServer(
             http,

@@ -7,6 +7,8 @@ answer as one assistant message. :func:`exchange_tools` gives the tools the
 request offered, as OpenAI function schemas (TRL's ``tools`` column).
 :func:`llm_exchanges` does both for every model call of a rollout record's turns
 (the ``llm_exchanges`` column ``gym-harness rollout --capture`` writes).
+:class:`Conversation` is the conversion itself, resumable: model mode converts only the
+items a request added to the conversation of the one before.
 
 Every message has ``role`` and a string ``content``; assistant messages also have
 ``tool_calls`` (``[{"type": "function", "id", "function": {"name", "arguments"}}]``,
@@ -24,7 +26,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["exchange_messages", "exchange_records", "exchange_tools", "llm_exchanges"]
+__all__ = [
+    "CONVERSATION_KEYS",
+    "HEAD_KEYS",
+    "Conversation",
+    "exchange_messages",
+    "exchange_records",
+    "exchange_tools",
+    "llm_exchanges",
+]
 
 Message = dict[str, Any]
 
@@ -48,11 +58,11 @@ def exchange_messages(raw: dict[str, Any]) -> list[Message]:
         {'role': 'user', 'content': 'hello'}
     """
     request = raw.get("request")
-    convert = _PROMPT.get(str(raw.get("api", "")))
-    if convert is None or not isinstance(request, dict):
+    api = str(raw.get("api", ""))
+    if api not in _ITEMS or not isinstance(request, dict):
         return []
-    ids = _Ids()
-    messages = convert(request, ids)
+    conversation = Conversation.of(api, request)
+    messages, ids = conversation.messages, conversation.ids
     if raw.get("outcome", "ok") == "ok":
         calls = [
             (str(c.get("id") or ""), str(c.get("name", "")), str(c.get("arguments", "")))
@@ -175,11 +185,90 @@ def _arguments(value: Any) -> str:
 
 # -- per wire API ----------------------------------------------------------------------------
 
+#: Where each API carries the conversation: a list of items (messages, contents).
+CONVERSATION_KEYS = {"chat": "messages", "responses": "input", "anthropic": "messages",
+                     "gemini": "contents"}  # fmt: skip
+#: The request fields besides the conversation that its chat messages are made of.
+HEAD_KEYS = {"chat": (), "responses": ("instructions",), "anthropic": ("system",),
+             "gemini": ("systemInstruction", "system_instruction")}  # fmt: skip
 
-def _chat(request: dict[str, Any], ids: _Ids) -> list[Message]:
-    out: list[Message] = []
-    names: dict[str, str] = {}
-    for msg in request.get("messages") or []:
+
+class Conversation:
+    """One request's conversation as chat messages, built item by item.
+
+    :meth:`of` converts a whole request. A harness resends its whole conversation with
+    every call: :meth:`copy` keeps what the items so far made, and :meth:`extend` on the
+    copy converts only the items the next request added, with the same result as
+    converting that request whole. A message, once made, is never changed (a later
+    item that adds to it replaces it), so copies share their messages.
+
+    Attributes:
+        api: The wire API (``"chat"``, ``"responses"``, ``"anthropic"``, ``"gemini"``).
+        messages: The chat messages so far.
+        ids: Synthesised call ids (Gemini calls that carry none).
+    """
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.messages: list[Message] = []
+        self.ids = _Ids()
+        self.names: dict[str, str] = {}  # call id -> tool name, to name the results
+
+    @classmethod
+    def of(cls, api: str, request: dict[str, Any]) -> Conversation:
+        """The whole conversation of ``request`` (an ``api`` request body)."""
+        conversation = cls(api)
+        conversation.start(request)
+        items = request.get(CONVERSATION_KEYS[api])
+        if api == "responses" and isinstance(items, str):
+            conversation.messages.append(_message("user", items))
+        else:
+            conversation.extend(items or [])
+        return conversation
+
+    def start(self, request: dict[str, Any]) -> None:
+        """Add the messages the request's head makes (``HEAD_KEYS``: a system prompt)."""
+        _HEAD[self.api](request, self.messages)
+
+    def extend(self, items: Iterable[Any]) -> None:
+        """Add the messages of more conversation items (non-objects are skipped)."""
+        _ITEMS[self.api](items, self)
+
+    def copy(self) -> Conversation:
+        """A conversation to go on from: its own lists and tables, the same messages."""
+        other = Conversation(self.api)
+        other.messages = list(self.messages)
+        other.names = dict(self.names)
+        other.ids.count = self.ids.count
+        other.ids.open = {name: list(queue) for name, queue in self.ids.open.items()}
+        return other
+
+
+def _no_head(request: dict[str, Any], out: list[Message]) -> None:
+    return None
+
+
+def _responses_head(request: dict[str, Any], out: list[Message]) -> None:
+    if request.get("instructions"):
+        out.append(_message("system", _text(request["instructions"])))
+
+
+def _anthropic_head(request: dict[str, Any], out: list[Message]) -> None:
+    if request.get("system"):
+        out.append(_message("system", _text(request["system"])))
+
+
+def _gemini_head(request: dict[str, Any], out: list[Message]) -> None:
+    system = request.get("systemInstruction") or request.get("system_instruction")
+    if system:
+        out.append(
+            _message("system", _text(system.get("parts") if isinstance(system, dict) else system))
+        )
+
+
+def _chat(items: Iterable[Any], state: Conversation) -> None:
+    out, names, ids = state.messages, state.names, state.ids
+    for msg in items:
         if not isinstance(msg, dict):
             continue
         role = _role(msg.get("role"))
@@ -198,18 +287,11 @@ def _chat(request: dict[str, Any], ids: _Ids) -> list[Message]:
             out.append(_tool(id_ or ids.result(name), name, _text(msg.get("content"))))
         else:
             out.append(_message(role, _text(msg.get("content"))))
-    return out
 
 
-def _responses(request: dict[str, Any], ids: _Ids) -> list[Message]:
-    out: list[Message] = []
-    if request.get("instructions"):
-        out.append(_message("system", _text(request["instructions"])))
-    items = request.get("input")
-    if isinstance(items, str):
-        return [*out, _message("user", items)]
-    names: dict[str, str] = {}
-    for item in items or []:
+def _responses(items: Iterable[Any], state: Conversation) -> None:
+    out, names = state.messages, state.names
+    for item in items:
         if not isinstance(item, dict):
             continue
         kind = str(item.get("type") or ("message" if "role" in item else ""))
@@ -226,16 +308,14 @@ def _responses(request: dict[str, Any], ids: _Ids) -> list[Message]:
             args = _arguments(item.get("arguments", item.get("input", item.get("action"))))
             if not out or out[-1]["role"] != "assistant":
                 out.append(_assistant("", []))
-            out[-1]["tool_calls"] += _assistant("", [(id_, name, args)])["tool_calls"]
-    return out
+            last = out[-1]  # replaced, not changed: an earlier request's copy may share it
+            added = _assistant("", [(id_, name, args)])["tool_calls"]
+            out[-1] = {**last, "tool_calls": [*last["tool_calls"], *added]}
 
 
-def _anthropic(request: dict[str, Any], ids: _Ids) -> list[Message]:
-    out: list[Message] = []
-    if request.get("system"):
-        out.append(_message("system", _text(request["system"])))
-    names: dict[str, str] = {}
-    for msg in request.get("messages") or []:
+def _anthropic(items: Iterable[Any], state: Conversation) -> None:
+    out, names = state.messages, state.names
+    for msg in items:
         if not isinstance(msg, dict):
             continue
         role = _role(msg.get("role"))
@@ -260,7 +340,6 @@ def _anthropic(request: dict[str, Any], ids: _Ids) -> list[Message]:
             out.append(_assistant("\n".join(texts), calls))
         else:
             _flush(out, role, texts)
-    return out
 
 
 def _flush(out: list[Message], role: str, texts: list[str]) -> list[str]:
@@ -270,14 +349,9 @@ def _flush(out: list[Message], role: str, texts: list[str]) -> list[str]:
     return []
 
 
-def _gemini(request: dict[str, Any], ids: _Ids) -> list[Message]:
-    out: list[Message] = []
-    system = request.get("systemInstruction") or request.get("system_instruction")
-    if system:
-        out.append(
-            _message("system", _text(system.get("parts") if isinstance(system, dict) else system))
-        )
-    for content in request.get("contents") or []:
+def _gemini(items: Iterable[Any], state: Conversation) -> None:
+    out, ids = state.messages, state.ids
+    for content in items:
         if not isinstance(content, dict):
             continue
         role = _role(content.get("role"))
@@ -307,7 +381,6 @@ def _gemini(request: dict[str, Any], ids: _Ids) -> list[Message]:
             out.append(_assistant("\n".join(texts), calls))
         else:
             _flush(out, role, texts)
-    return out
 
 
 def _response_text(response: Any) -> str:
@@ -319,7 +392,9 @@ def _response_text(response: Any) -> str:
     return response if isinstance(response, str) else json.dumps(response)
 
 
-_PROMPT = {"chat": _chat, "responses": _responses, "anthropic": _anthropic, "gemini": _gemini}
+_HEAD = {"chat": _no_head, "responses": _responses_head, "anthropic": _anthropic_head,
+         "gemini": _gemini_head}  # fmt: skip
+_ITEMS = {"chat": _chat, "responses": _responses, "anthropic": _anthropic, "gemini": _gemini}
 
 
 def exchange_records(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 from gym_harness.capture.http import send_json
 from gym_harness.model.action import ActionLimits, Completion, parse_action
 from gym_harness.model.answer import AnswerWriter, Usage, error_body
+from gym_harness.model.calls import CallKey
 from gym_harness.model.request import ModelRequest
 
 __all__ = [
@@ -46,6 +47,7 @@ class PendingCall:
         request_id: The id to pass to :meth:`ModelEndpoint.deliver` (also in the observation).
         request: The request as read (api, tools, stream form, ...).
         observation: ``request.observation()``: what the policy sees.
+        observation_text: Its JSON text (the env's observation).
         path: The request path.
         side: The adapter's ``side_call`` said it is a side call (only with ``model_calls="all"``).
         started: Wall-clock time it arrived.
@@ -65,7 +67,7 @@ class PendingCall:
         self.side = side
         self.started = time.time()
         self.retries = 0
-        self.keys: tuple[str, str] = ("", "")
+        self.key: CallKey | None = None  # set by the endpoint: how its retries are known
         self.claimed = False
         # The answer's ids, shared by every connection's writer (a retry's too).
         first = AnswerWriter(request)
@@ -75,6 +77,11 @@ class PendingCall:
         self.failure: tuple[int, str] | None = None
         self.exchange: Exchange | None = None
         self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def observation_text(self) -> str:
+        """The observation as JSON text (``request.observation_text()``)."""
+        return self.request.observation_text()
 
     @property
     def finished(self) -> bool:

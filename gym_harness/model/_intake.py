@@ -2,7 +2,7 @@
 
 :func:`take_in` reads the body of a request that presented the episode's key, under the
 body bound (413 while reading, chunked bodies too), and reads it as a model call
-(:func:`~gym_harness.model.request.read_request`). What is no model call of a model
+(:class:`~gym_harness.model.request.RequestReader`). What is no model call of a model
 path (a body that is empty, binary, not JSON, nested too deep, no object, or whose
 messages are no list of message objects) gets 400 with the reason; what is no model
 call at all (``HEAD /``, model lists, token counts) gets :func:`other_answer`.
@@ -19,7 +19,7 @@ from gym_harness.capture.http import read_body, send_json
 from gym_harness.capture.records import api_of
 from gym_harness.model._exchange import send_other
 from gym_harness.model.answer import error_body
-from gym_harness.model.request import BadRequest, ModelRequest, read_request
+from gym_harness.model.request import BadRequest, ModelRequest, RequestReader
 
 __all__ = ["Refused", "take_in", "unauthorized"]
 
@@ -36,6 +36,8 @@ async def take_in(
     limit: int,
     request_id: str,
     refused: Refused,
+    reader: RequestReader,
+    episode: int,
 ) -> tuple[ModelRequest, bytes] | None:
     """Read one request's body and the model call it holds.
 
@@ -45,6 +47,7 @@ async def take_in(
         limit: The largest body accepted (``max_request_bytes``).
         request_id: The id the call gets.
         refused: Records a 413 or a 400 before it is answered.
+        reader: The endpoint's reader; ``episode`` the key's episode number.
 
     Returns:
         The model call and its body; ``None`` when the request was answered here (or the
@@ -65,7 +68,7 @@ async def take_in(
         return None
     query = scope["query_string"].decode("latin-1")
     try:
-        request = read_request(path, body, query=query, request_id=request_id)
+        request = reader.read(path, body, query=query, request_id=request_id, episode=episode)
     except BadRequest as exc:
         refused(400, str(exc))
         await send_json(send, 400, error_body(api_of(path), 400, str(exc)))

@@ -4,7 +4,7 @@ A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
 observation the policy saw (messages, tools, sampling), the completion it gave, its
 ``token_ids``/``logprobs``/``usage``, and how the exchange ended. :class:`CallLog`
 keeps them, in the order the calls arrived, under a count and a byte bound.
-:func:`retry_keys` tells a harness's retry from a new call, and :class:`ReplayTable`
+:class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
 counts the calls the policy left past ``policy_timeout_s`` since the last answer.
 :class:`EndpointConfig` holds the endpoint's settings and these bounds.
@@ -17,14 +17,14 @@ its lock.
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from gym_harness.capture.chat_format import CONVERSATION_KEYS
 from gym_harness.capture.records import api_of
 from gym_harness.errors import ConfigError
 from gym_harness.loopback.connections import MAX_CONNECTIONS
@@ -34,7 +34,7 @@ from gym_harness.model.answer import Usage
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
 
-__all__ = ["CallLog", "EndpointConfig", "Lapses", "ModelCall", "ReplayTable", "retry_keys"]
+__all__ = ["CallKey", "CallLog", "EndpointConfig", "Lapses", "ModelCall", "ReplayTable"]
 
 logger = logging.getLogger(__name__)
 
@@ -261,25 +261,51 @@ class CallLog:
         return out
 
 
-def retry_keys(path: str, body: dict[str, Any]) -> tuple[str, str]:
-    """Two fingerprints of a request: ``(exact, conversation)``.
+@dataclass(frozen=True, eq=False)
+class CallKey:
+    """What tells a harness's retry from a new call, without hashing whole bodies.
 
-    ``exact`` hashes the path and the whole body bar ``stream``/``stream_options`` (a
-    streamed call retried unstreamed, as Claude Code's fallback does, keeps it).
-    ``conversation`` hashes only what holds the conversation (messages, system, tools,
-    ...): an SDK retry (``x-stainless-retry-count`` > 0) is matched on it, so a retry
-    that also changed a token limit still joins its call. Gemini's streamed and
-    unstreamed paths count as one.
+    ``cheap`` (the path, Gemini's streamed and unstreamed paths as one, and the
+    conversation's length) picks the candidates; the bodies themselves decide, compared
+    as parsed values. Bodies of one conversation share their parsed prefix
+    (``RequestReader``), so comparing a retry with its call is mostly identity checks.
+
+    Attributes:
+        cheap: ``(path, conversation length)``: equal for a call and its retries.
+        body: The request body as parsed.
     """
-    path = path.replace(":streamGenerateContent", ":generateContent")
-    rest = {k: v for k, v in body.items() if k not in _STREAM_KEYS}
-    talk = {k: body[k] for k in _CONVERSATION if k in body}
-    return _digest(path, rest), _digest(path, talk)
 
+    cheap: tuple[str, int]
+    body: dict[str, Any]
 
-def _digest(path: str, value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(f"{path}\n{text}".encode()).hexdigest()
+    @classmethod
+    def of(cls, path: str, request: ModelRequest) -> CallKey:
+        """The key of ``request``, received on ``path``."""
+        path = path.replace(":streamGenerateContent", ":generateContent")
+        talk = request.body.get(CONVERSATION_KEYS.get(request.api, ""))
+        length = len(talk) if isinstance(talk, list | str) else -1
+        return cls((path, length), request.body)
+
+    def matches(self, other: CallKey, conversation_only: bool) -> bool:
+        """``other`` is the same call: its body bar ``stream``/``stream_options`` (a
+        streamed call retried unstreamed, as Claude Code's fallback does, keeps it), or
+        with ``conversation_only`` (an SDK retry: ``x-stainless-retry-count`` > 0) only
+        what holds the conversation (messages, system, tools, ...), so a retry that also
+        changed a token limit still joins its call."""
+        if self.cheap != other.cheap:
+            return False
+        mine, theirs = self.body, other.body
+        if conversation_only:
+            names: Iterable[str] = _CONVERSATION
+        else:
+            names = (mine.keys() | theirs.keys()) - _STREAM_KEYS
+        for name in names:
+            if name not in mine or name not in theirs:
+                if name in mine or name in theirs:
+                    return False
+            elif mine[name] is not theirs[name] and mine[name] != theirs[name]:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -294,51 +320,59 @@ class Answered:
 
 
 class ReplayTable:
-    """Recently answered calls by fingerprint, least recently used dropped first.
+    """Recently answered calls by :class:`CallKey`, least recently used dropped first.
 
     Args:
         max_entries: Most answers remembered.
-        max_bytes: Most completion bytes remembered (see :func:`weight`).
+        max_bytes: Most bytes remembered (see :func:`weight`: the request, whose body an
+            entry keeps for comparing, and the completion).
     """
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._table: OrderedDict[str, tuple[Answered, int]] = OrderedDict()
+        self._table: OrderedDict[CallKey, tuple[Answered, int]] = OrderedDict()
+        self._by_cheap: dict[tuple[str, int], list[CallKey]] = {}
         self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._table)
 
-    def put(self, keys: tuple[str, ...], answer: Answered) -> None:
-        """Remember ``answer`` under each of ``keys``."""
-        size = weight(0, answer.completion)
+    def put(self, key: CallKey, answer: Answered, request_bytes: int = 0) -> None:
+        """Remember ``answer`` under ``key`` (its request's body had ``request_bytes``)."""
+        size = weight(request_bytes, answer.completion)
         if size > self.max_bytes:
             return
-        for key in keys:
-            self._pop(key)
-            self._table[key] = (answer, size)
-            self._bytes += size
+        self._pop(key)
+        self._table[key] = (answer, size)
+        self._by_cheap.setdefault(key.cheap, []).append(key)
+        self._bytes += size
         while self._table and (len(self._table) > self.max_entries or self._bytes > self.max_bytes):
             self._pop(next(iter(self._table)))
 
-    def get(self, key: str) -> Answered | None:
-        """The answer remembered under ``key`` (now the most recently used), or ``None``."""
-        found = self._table.get(key)
-        if found is None:
-            return None
-        self._table.move_to_end(key)
-        return found[0]
+    def get(self, key: CallKey, conversation_only: bool = False) -> Answered | None:
+        """The answer to the newest call ``key`` matches (now the most recently used)."""
+        for kept in reversed(self._by_cheap.get(key.cheap, ())):
+            if key.matches(kept, conversation_only):
+                self._table.move_to_end(kept)
+                return self._table[kept][0]
+        return None
 
     def clear(self) -> None:
         """Forget everything (a new episode)."""
         self._table.clear()
+        self._by_cheap.clear()
         self._bytes = 0
 
-    def _pop(self, key: str) -> None:
+    def _pop(self, key: CallKey) -> None:
         found = self._table.pop(key, None)
-        if found is not None:
-            self._bytes -= found[1]
+        if found is None:
+            return
+        self._bytes -= found[1]
+        same = self._by_cheap[key.cheap]
+        same.remove(key)
+        if not same:
+            del self._by_cheap[key.cheap]
 
 
 class Lapses:

@@ -16,7 +16,11 @@ wire format (:class:`~gym_harness.model.AnswerWriter`).
   when set: see ``gym_harness.model._side``); with ``"all"`` they are steps too.
 * **Retries are not new steps.** A request equal to a waiting call (``stream`` aside;
   on ``x-stainless-retry-count`` > 0, its conversation alone) joins it; one equal to a
-  recently answered call gets the same answer again (see docs/model-mode.md).
+  recently answered call gets the same answer again (see docs/model-mode.md); a cheap
+  key (:class:`~gym_harness.model.calls.CallKey`) finds candidates to compare.
+* **Incremental reads.** Each request is read from what the episode's earlier ones left
+  (:class:`~gym_harness.model.request.RequestReader`): only the new part of the
+  conversation is parsed and converted.
 * **A dropped connection** leaves its call waiting (a retry may come); delivering to it
   records the answer and keeps it for that retry.
 * **Malformed bodies** of a model call's path get 400 with the reason
@@ -35,7 +39,7 @@ Threads: the caller's thread owns the lifecycle (``start``/``stop``/``rotate_tok
 writers and the policy-timeout timers. Both share the waiting calls, the unclaimed
 queue, the wake pipe, the replay table, the records, the lapses, the key and its episode
 number (``_epoch``), only under ``_lock``; the caller reaches the loop with
-``call_soon_threadsafe``/``run_coroutine_threadsafe``.
+``call_soon_threadsafe``/``run_coroutine_threadsafe``. The request reader is the loop's.
 """
 
 from __future__ import annotations
@@ -72,14 +76,14 @@ from gym_harness.model.action import Completion
 from gym_harness.model.answer import AnswerWriter, Usage, error_body
 from gym_harness.model.calls import (
     Answered,
+    CallKey,
     CallLog,
     EndpointConfig,
     Lapses,
     ModelCall,
     ReplayTable,
-    retry_keys,
 )
-from gym_harness.model.request import ModelRequest
+from gym_harness.model.request import ModelRequest, RequestReader
 
 __all__ = [
     "EndpointConfig",
@@ -141,7 +145,8 @@ class ModelEndpoint(LoopbackService):
         self._log = CallLog(config.max_records, config.max_record_bytes)
         self._replay = ReplayTable(config.max_replay, max(config.max_record_bytes // 4, 1))
         self._open: dict[str, PendingCall] = {}  # waiting calls by request_id
-        self._by_key: dict[str, PendingCall] = {}  # waiting calls by retry_keys
+        self._by_key: dict[tuple[str, int], list[PendingCall]] = {}  # by CallKey.cheap
+        self._reader = RequestReader()  # the server loop's
         self._unclaimed: collections.deque[PendingCall] = collections.deque()
         self._lapses = Lapses()
         self._epoch = 0  # the key's episode: a request let in under an older one is refused
@@ -343,9 +348,12 @@ class ModelEndpoint(LoopbackService):
         if not call.claimed:
             with contextlib.suppress(ValueError):  # already taken out by next_request
                 self._unclaimed.remove(call)
-        for key in call.keys:
-            if self._by_key.get(key) is call:
-                del self._by_key[key]
+        key = call.key
+        same = self._by_key.get(key.cheap, []) if key is not None else []
+        if key is not None and call in same:
+            same.remove(call)
+            if not same:
+                del self._by_key[key.cheap]
         completion = answer[0] if answer else None
         status, error = failure if failure else (200, "")
         record = ModelCall.of(
@@ -353,8 +361,9 @@ class ModelEndpoint(LoopbackService):
             error, call.started, call.retries,
         )  # fmt: skip
         self._log.add(record, call.request.size)
-        if answer is not None:
-            self._replay.put(call.keys, Answered(*answer, call.answer_id, call.created, call.seq))
+        if answer is not None and call.key is not None:
+            answered = Answered(*answer, call.answer_id, call.created, call.seq)
+            self._replay.put(call.key, answered, call.request.size)
         self._set_wake()
 
     def _log_call(self, epoch: int, seq: int, request: ModelRequest | None, path: str,
@@ -408,6 +417,7 @@ class ModelEndpoint(LoopbackService):
             refused=lambda status, why: self._log_call(
                 epoch, seq, None, path, False, None, status, why, started
             ),
+            reader=self._reader, episode=epoch,
         )  # fmt: skip
         if taken is None:
             return
@@ -440,27 +450,26 @@ class ModelEndpoint(LoopbackService):
         headers: dict[str, str],
         conn: Any,
     ) -> None:
-        exact, talk = retry_keys(path, request.body)
+        key = CallKey.of(path, request)
         retry = headers.get("x-stainless-retry-count", "0").strip() not in ("", "0")
-        key = talk if retry else exact
         replay: Answered | None = None
         (seq, epoch), stale = order, False
         with self._lock:
-            call = self._by_key.get(key)
+            same = self._by_key.get(key.cheap, ())
+            call = next((c for c in same if c.key and key.matches(c.key, retry)), None)
             if call is None:
-                replay = self._replay.get(key)
+                replay = self._replay.get(key, retry)
             if epoch != self._epoch:  # its episode ended while it was read: never a step
                 call, replay, stale = None, None, True
             elif call is None and replay is None:
                 if len(self._open) < self.config.max_pending:
                     call = PendingCall(seq, request, path, side)
-                    call.keys = (exact, talk)
+                    call.key = key
                     call.timer = asyncio.get_running_loop().call_later(
                         self.config.policy_timeout_s, self._expire, call
                     )
                     self._open[call.request_id] = call
-                    self._by_key.setdefault(exact, call)
-                    self._by_key.setdefault(talk, call)
+                    self._by_key.setdefault(key.cheap, []).append(call)
                     self._unclaimed.append(call)
                     self._set_wake()
             elif call is not None:

@@ -338,7 +338,7 @@ class ModelTurns:
     def observation(self) -> str:
         """The pending call's observation; after the last one, the final transcript."""
         if self.pending is not None:
-            return json.dumps(self.pending.observation, ensure_ascii=False)
+            return self.pending.observation_text
         return json.dumps(
             {
                 "request_id": "",

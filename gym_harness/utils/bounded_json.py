@@ -24,7 +24,7 @@ import numpy as np
 
 from gym_harness.utils.lines import CUT_PATTERN
 
-__all__ = ["MAX_DEPTH", "JSONBoundError", "loads", "parse_object"]
+__all__ = ["MAX_DEPTH", "JSONBoundError", "loads", "nesting", "parse_object"]
 
 #: Deepest nesting of arrays and objects accepted; deeper is a protocol error. Real
 #: harness messages (JSON-RPC with tool arguments and schemas) stay far below it, and
@@ -109,6 +109,15 @@ def parse_object(line: str) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(obj, dict):
         return None, f"a JSON {type(obj).__name__}, not an object"
     return obj, ""
+
+
+def nesting(text: str, max_depth: int = MAX_DEPTH) -> int:
+    """An upper bound of how deep ``text`` (whole JSON, or a piece of it) nests.
+
+    0 when it cannot pass ``max_depth`` (too few brackets); a piece that starts inside
+    a value counts from there (its closing brackets do not count below 0).
+    """
+    return _depth(text, max_depth)
 
 
 def _depth(text: str, max_depth: int) -> int:

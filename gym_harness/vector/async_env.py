@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from multiprocessing import connection
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -47,13 +47,15 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars, concatenate, iterate
 
 from gym_harness.errors import WorkerLost
+from gym_harness.vector.ready import RESET, STEP, AsReady, ReadySteps, Result, result_of
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
 from gym_harness.vector.worker import (
     WorkerFailure,
     describe_exit,
     end_processes,
-    lost_info,
+    release_parent_side,
     run_worker,
+    track,
 )
 
 __all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
@@ -61,13 +63,14 @@ __all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
 #: How long ``close()`` lets the workers close their envs before it ends them.
 CLOSE_TIMEOUT_S = 5.0
 _SLICE_S = 0.5  # the longest a wait for replies goes without checking that the workers live
-_STEP, _RESET, _CALL = "step", "reset", "call"
-_WORKING, _LOST = object(), object()
+_CALL = "call"
 _AUTORESET = {"seed": None, "options": None}
 
 
-class HarnessVectorEnv(AsyncVectorEnv):
-    """An ``AsyncVectorEnv`` (one worker process per sub-env) that survives a worker's death.
+class HarnessVectorEnv(AsReady, AsyncVectorEnv):
+    """An ``AsyncVectorEnv`` (one worker process per sub-env) that survives a worker's death,
+    with EnvPool's as-ready pair ``send(actions, env_ids)`` / ``recv(min_envs)``
+    (:class:`~gym_harness.vector.ready.AsReady`).
 
     What ``make_vector_env`` (the ``vector_entry_point`` of every gym_harness id) builds:
     texts travel over the pipes (``shared_memory=False``), autoreset is next-step.
@@ -90,6 +93,10 @@ class HarnessVectorEnv(AsyncVectorEnv):
         array(['', 'worker_lost'], dtype=object)
     """
 
+    #: What ``_read`` gives for a worker still working, and for one that died.
+    WORKING: ClassVar[object] = object()
+    LOST: ClassVar[object] = object()
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gymnasium.Env[Any, Any]]],
@@ -109,6 +116,8 @@ class HarnessVectorEnv(AsyncVectorEnv):
         self._autoreset = np.zeros(n, dtype=np.bool_)
         self._mask = np.ones(n, dtype=np.bool_)
         self._reset_kwargs: list[dict[str, Any]] = [dict(_AUTORESET) for _ in range(n)]
+        self._as_ready = ReadySteps(self)  # send/recv
+        track(self)  # workers forked later close this one's pipes (see worker.py)
         super().__init__(
             env_fns,
             shared_memory=False,
@@ -134,7 +143,7 @@ class HarnessVectorEnv(AsyncVectorEnv):
                     self._restart(i)
                 self._unreported[i] = ""  # a new episode: the lost one needs no report
                 self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
-                self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+                self._send(i, ("reset", self._reset_kwargs[i]), RESET)
         except BaseException:
             self._abandon_pending()  # whatever was sent is answered to nobody
             raise
@@ -152,7 +161,7 @@ class HarnessVectorEnv(AsyncVectorEnv):
         first = {i: self._lost[i] for i in wanted if i not in replies}
         for i in first:  # one more fresh worker each
             self._restart(i)
-            self._send(i, ("reset", self._reset_kwargs[i]), _RESET)
+            self._send(i, ("reset", self._reset_kwargs[i]), RESET)
         if first:
             replies.update(self._collect("reset_wait", timeout))
         self._state = AsyncState.DEFAULT
@@ -188,9 +197,9 @@ class HarnessVectorEnv(AsyncVectorEnv):
                 if self._lost[i]:
                     self._restart(i)
                 if self._autoreset[i]:
-                    self._send(i, ("reset", _AUTORESET), _RESET)
+                    self._send(i, ("reset", _AUTORESET), RESET)
                 else:
-                    self._send(i, ("step", action), _STEP)
+                    self._send(i, ("step", action), STEP)
         except BaseException:
             self._abandon_pending()  # whatever was sent is answered to nobody
             raise
@@ -213,16 +222,12 @@ class HarnessVectorEnv(AsyncVectorEnv):
         for i in range(n):
             reply = replies.get(i)
             if reply is None:
-                lost, self._unreported[i] = self._unreported[i] or self._lost[i], ""
-                why = f"{lost}; a fresh worker resets the sub-env at its next step"
-                observations[i], info = "", lost_info(self._last_info[i], why)
-                terminations[i] = True
+                result = self._loss(i)
             elif not reply[1]:
                 continue  # raised below
-            elif kinds[i] == _RESET:
-                observations[i], info = reply[0]
             else:
-                observations[i], rewards[i], terminations[i], truncations[i], info = reply[0]
+                result = result_of(kinds[i], reply[0], "", self._last_info[i])
+            observations[i], rewards[i], terminations[i], truncations[i], info = result
             self._last_info[i] = info
             infos = self._add_info(infos, info, i)
         failed = [i for i, reply in replies.items() if not reply[1]]
@@ -289,6 +294,8 @@ class HarnessVectorEnv(AsyncVectorEnv):
         bound = 0.0 if terminate else self.close_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + bound
         self._abandon_pending()  # a pending call's replies are never read now
+        for i in self._as_ready.abandon():
+            self._owed[i] += 1
         live = [i for i in range(self.num_envs) if not self._lost[i]]
         if not terminate:
             for i in live:
@@ -296,9 +303,7 @@ class HarnessVectorEnv(AsyncVectorEnv):
                     self._send(i, ("close", None), _CALL)
             self._pending = {}
         end_processes([self.processes[i] for i in live], deadline)
-        for pipe in self.parent_pipes:
-            with contextlib.suppress(OSError):
-                pipe.close()
+        release_parent_side(self.parent_pipes, self.processes, self.error_queue)
 
     # ----------------------------------------------------------------- internals
 
@@ -309,6 +314,12 @@ class HarnessVectorEnv(AsyncVectorEnv):
                 f"Calling `{what}` while waiting for a pending call to "
                 f"`{self._state.value}` to complete.",
                 str(self._state.value),
+            )
+        if self._as_ready.outstanding:
+            raise AlreadyPendingCallError(
+                f"Calling `{what}` while {self._as_ready.outstanding} sub-env(s) sent to "
+                "with send() have results not received yet: recv() them first.",
+                "send",
             )
 
     def _check_waiting(self, state: AsyncState, what: str) -> None:
@@ -334,12 +345,17 @@ class HarnessVectorEnv(AsyncVectorEnv):
 
     def _send(self, i: int, message: tuple[str, Any], kind: str) -> None:
         """Send one command to sub-env ``i``'s worker; a dead worker is marked lost."""
+        if self._post(i, message):
+            self._pending[i] = kind
+
+    def _post(self, i: int, message: tuple[str, Any]) -> bool:
+        """Write one command to sub-env ``i``'s pipe; False (and marked lost) if it died."""
         try:
             self.parent_pipes[i].send(message)
         except OSError:  # BrokenPipeError, ConnectionResetError: it died while idle
             self._lose(i)
-            return
-        self._pending[i] = kind
+            return False
+        return True
 
     def _collect(self, what: str, timeout: float | None) -> dict[int, tuple[Any, bool]]:
         """Wait for the reply of every pending sub-env; those whose worker died are missing.
@@ -354,9 +370,9 @@ class HarnessVectorEnv(AsyncVectorEnv):
         while True:
             for i in sorted(waiting):
                 reply = self._read(i)
-                if reply is not _WORKING:
+                if reply is not self.WORKING:
                     waiting.discard(i)
-                    if reply is not _LOST:
+                    if reply is not self.LOST:
                         replies[i] = reply
             if not waiting:
                 return replies
@@ -375,7 +391,7 @@ class HarnessVectorEnv(AsyncVectorEnv):
             connection.wait(watched, slice_s)
 
     def _read(self, i: int) -> Any:
-        """Sub-env ``i``'s reply, ``_WORKING`` while none came, or ``_LOST`` (then marked)."""
+        """Sub-env ``i``'s reply, ``WORKING`` while none came, or ``LOST`` (then marked)."""
         pipe = self.parent_pipes[i]
         alive = self.processes[i].is_alive()  # first: what it sent before dying is in the pipe
         try:
@@ -387,9 +403,14 @@ class HarnessVectorEnv(AsyncVectorEnv):
         except (EOFError, OSError):
             alive = False
         if alive:
-            return _WORKING
+            return self.WORKING
         self._lose(i)
-        return _LOST
+        return self.LOST
+
+    def _loss(self, i: int) -> Result:
+        """The result that reports sub-env ``i``'s lost worker (once)."""
+        lost, self._unreported[i] = self._unreported[i] or self._lost[i], ""
+        return result_of(STEP, None, lost, self._last_info[i])
 
     def _lose(self, i: int) -> None:
         """Mark sub-env ``i``'s worker lost: close its pipe, reap (or kill) the process."""

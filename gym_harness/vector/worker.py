@@ -7,6 +7,13 @@ fresh worker needs nothing replayed) and it survives an exception of its env: th
 exception travels back in the reply and the parent raises it, with the worker's
 traceback as a note.
 
+A forked worker inherits the parent's ends of every earlier worker's pipe and process
+sentinels: 3 fds per sibling, O(N²) in all, and a sibling holding a worker's pipe open
+keeps that worker from seeing EOF when the parent dies. :func:`track` registers a vector
+env whose pipes and sentinels every process forked afterwards closes at once.
+:func:`release_parent_side` closes the parent's own at ``close()`` (not only when the
+vector env is collected).
+
 Threads: a worker's main thread runs its env; the parent's caller thread drives the pipe.
 """
 
@@ -14,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
@@ -26,7 +35,15 @@ import gymnasium
 from gym_harness.outcome import Outcome
 from gym_harness.trajectory import StepInfo
 
-__all__ = ["WorkerFailure", "describe_exit", "end_processes", "lost_info", "run_worker"]
+__all__ = [
+    "WorkerFailure",
+    "describe_exit",
+    "end_processes",
+    "lost_info",
+    "release_parent_side",
+    "run_worker",
+    "track",
+]
 
 _JOIN_S = 1.0  # after SIGTERM, and after SIGKILL
 
@@ -131,6 +148,54 @@ def _reply(pipe: Connection, result: Any, ok: bool) -> None:
             pipe.send((result, False))
         else:
             pipe.send((_failure(exc), False))
+
+
+_TRACKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(envs: Any) -> None:
+    """Have every process forked from now on close ``envs``'s parent-side pipes and
+    sentinels (``envs.parent_pipes``, ``envs.processes``): they are not the child's."""
+    _TRACKED.add(envs)
+
+
+def _forget_siblings() -> None:
+    """In a forked child: close the tracked vector envs' parent-side fds (their objects
+    stay, closed; the child's own pipe is passed to it separately and stays open)."""
+    for envs in list(_TRACKED):
+        for pipe in list(getattr(envs, "parent_pipes", ())):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        for process in list(getattr(envs, "processes", ())):
+            for fd in _popen_fds(process):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    _TRACKED.clear()
+
+
+def _popen_fds(process: Any) -> tuple[int, ...]:
+    """The parent-side fds of a started fork ``Process`` (its sentinel and its finalizer's
+    pipe end): multiprocessing keeps them on its ``Popen`` until the process is closed."""
+    finalizer = getattr(getattr(process, "_popen", None), "finalizer", None)
+    fds = getattr(finalizer, "_args", None) or ()
+    return tuple(fd for fd in fds if isinstance(fd, int))
+
+
+os.register_at_fork(after_in_child=_forget_siblings)
+
+
+def release_parent_side(pipes: Iterable[Connection], processes: Iterable[Any], queue: Any) -> None:
+    """Close the parent's pipes, each ended process's sentinel and gymnasium's error queue
+    now (they are otherwise closed only when the vector env is collected). Never raises."""
+    for pipe in pipes:
+        with contextlib.suppress(OSError):
+            pipe.close()
+    for process in processes:
+        with contextlib.suppress(Exception):  # ValueError: still running (then kept)
+            process.close()
+    for end in (getattr(queue, "_reader", None), getattr(queue, "_writer", None)):
+        with contextlib.suppress(Exception):
+            end.close()  # type: ignore[union-attr]
 
 
 def end_processes(processes: Iterable[multiprocessing.Process], deadline: float) -> None:
