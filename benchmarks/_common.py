@@ -222,3 +222,25 @@ def run_script(argv: Sequence[str], timeout_s: float) -> str:
             f"{' '.join(argv)} exited {done.returncode}; stderr tail:\n{done.stderr[-2000:]}"
         )
     return done.stdout
+
+
+def without_tools(envs: Any, obs: Any, infos: dict[str, Any], tool: str, seed: int) -> int:
+    """How many model-mode envs' first call offered no ``tool``; those are reset until theirs does.
+
+    The reference agent lists the bridge's tools at a turn's start and gives up after its
+    connect timeout (30 s): when N harnesses start at once on two cores, a few may.
+    """
+    import numpy as np
+
+    bad = [e for e in infos["error_type"] if e]
+    if bad:
+        raise RuntimeError(f"resets failed: {bad[:3]}")
+    first = None
+    for attempt in range(5):
+        names = [[t["function"]["name"] for t in json.loads(o)["tools"]] for o in obs]
+        missing = np.array([tool not in n for n in names])
+        first = int(missing.sum()) if first is None else first
+        if not missing.any():
+            return first
+        obs, infos = envs.reset(seed=seed + attempt, options={"reset_mask": missing})
+    raise RuntimeError(f"{int(missing.sum())} envs found no tools after 5 resets")

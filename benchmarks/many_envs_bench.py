@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import tree_pss_mb
+from _common import tree_pss_mb, without_tools
 
 ENV_ID = "gym_harness/Reference-v0"
 LONG = 100_000  # max_tool_calls and max_episode_steps: no episode ends by a limit
@@ -46,28 +46,6 @@ def ended(terminated: Any, truncated: Any, infos: dict[str, Any]) -> str:
     """What ended the episodes that ended ("" when none did)."""
     ids = [i for i, (a, b) in enumerate(zip(terminated, truncated, strict=True)) if a or b]
     return "; ".join(f"env {i}: {infos['error_type'][i]} {infos['error'][i]}" for i in ids[:3])
-
-
-def without_tools(envs: Any, obs: Any, infos: dict[str, Any], seed: int) -> int:
-    """How many envs' first call offered no ``add`` tool; those are reset until theirs does.
-
-    The reference agent lists the bridge's tools at a turn's start and gives up after its
-    connect timeout (30 s): when N harnesses start at once on two cores, a few may.
-    """
-    import numpy as np
-
-    bad = [e for e in infos["error_type"] if e]
-    if bad:
-        raise RuntimeError(f"resets failed: {bad[:3]}")
-    first = None
-    for attempt in range(5):
-        names = [[t["function"]["name"] for t in json.loads(o)["tools"]] for o in obs]
-        missing = np.array(["add" not in n for n in names])
-        first = int(missing.sum()) if first is None else first
-        if not missing.any():
-            return first
-        obs, infos = envs.reset(seed=seed + attempt, options={"reset_mask": missing})
-    raise RuntimeError(f"{int(missing.sum())} envs found no tools after 5 resets")
 
 
 def tree() -> list[psutil.Process]:
@@ -139,11 +117,11 @@ def measure(n: int, rounds: int, steps: int) -> dict[str, Any]:
     try:
         obs, infos = envs.reset(seed=0)
         first_reset = time.perf_counter() - start
-        no_tools = [without_tools(envs, obs, infos, seed=1)]
+        no_tools = [without_tools(envs, obs, infos, "add", seed=1)]
         start = time.perf_counter()
         obs, infos = envs.reset(seed=2)
         second_reset = time.perf_counter() - start
-        no_tools.append(without_tools(envs, obs, infos, seed=3))
+        no_tools.append(without_tools(envs, obs, infos, "add", seed=3))
         actions = [TOOL] * n
         sync_rates, ready_rates, batches = [], [], []
         for _ in range(rounds):

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from _common import without_tools
+
 ENV_ID = "gym_harness/Reference-v0"
 LONG = 100_000  # max_tool_calls and max_episode_steps: no episode ends by a limit
 POLICY_S = 0.020  # the policy's time per batch, whatever its size
@@ -51,9 +53,15 @@ def draws(n: int, calls: int, seed: int) -> list[list[int]]:
     return [[rng.randint(0, MAX_WAIT_MS) for _ in range(calls)] for _ in range(n)]
 
 
+def reset(envs: Any) -> None:
+    """Reset every env until each harness offers ``wait`` (see ``without_tools``)."""
+    obs, infos = envs.reset(seed=0)
+    without_tools(envs, obs, infos, "wait", seed=1)
+
+
 def stepped(envs: Any, plan: list[list[int]]) -> float:
     """Answer every planned call with ``step`` (all envs per step); the seconds it took."""
-    envs.reset(seed=0)
+    reset(envs)
     start = time.perf_counter()
     for k in range(len(plan[0])):
         time.sleep(POLICY_S)  # the policy answers the batch
@@ -65,7 +73,7 @@ def stepped(envs: Any, plan: list[list[int]]) -> float:
 
 def as_ready(envs: Any, plan: list[list[int]], batches: list[int]) -> float:
     """Answer every planned call with ``send``/``recv``; the seconds it took."""
-    envs.reset(seed=0)
+    reset(envs)
     n, calls = len(plan), len(plan[0])
     sent = [0] * n
     start = time.perf_counter()
