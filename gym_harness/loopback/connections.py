@@ -11,6 +11,9 @@
   complete answer is still being written (eviction aborts the socket, and would lose
   the bytes not yet sent);
 * writes of one loop iteration sent together (:class:`_Coalescing`);
+* the short way for a plain request the app offers to answer itself (a
+  :class:`~gym_harness.loopback.quick.QuickPath`): read without h11 or ASGI, answered
+  in one write, and busy (never evicted once authenticated) from its complete head on;
 * uvicorn's per-connection log turned down to debug (clients are untrusted).
 
 Threads: everything here runs on the server loop.
