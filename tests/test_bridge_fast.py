@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -186,3 +188,73 @@ def test_a_body_past_the_depth_bound_goes_the_whole_way() -> None:
     message = _with(params__arguments={"text": deep})
     assert plain_tool_call(json.dumps(message).encode(), HEADERS, frozenset({"echo"})) is None
     assert plain_tool_call(b"{not json", HEADERS, frozenset({"echo"})) is None
+
+
+def _raw_request(bridge: MCPBridge, request_id: int, text: str) -> bytes:
+    params = {"name": "echo", "arguments": {"text": text}, "_meta": META}
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    )
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{urlsplit(bridge.url).port}\r\n"
+        f"Authorization: Bearer {bridge.token}\r\nAccept: application/json\r\n"
+        f"Content-Type: application/json\r\nMCP-Protocol-Version: {MODERN_VERSION}\r\n"
+        f"Mcp-Method: tools/call\r\nMcp-Name: echo\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body.encode()
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    """``count`` whole responses from ``sock`` (bounded by its timeout)."""
+    data, answers = b"", []
+    while len(answers) < count:
+        chunk = sock.recv(65536)
+        assert chunk, f"the bridge closed the connection after {len(answers)} answers"
+        data += chunk
+        while b"\r\n\r\n" in data:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            if len(rest) < length:
+                break
+            answers.append(json.loads(rest[:length]))
+            data = rest[length:]
+    return answers
+
+
+@pytest.mark.parametrize("how", ["whole", "split", "dribbled", "pipelined", "behind"])
+def test_plain_calls_however_the_bytes_arrive(how: str) -> None:
+    """One write, head and body apart, byte by byte, two requests in one write, and a
+    second request sent while the first is answered: every call is answered, in order."""
+    with MCPBridge(TOOLS) as bridge:
+        http_app = bridge._http
+        assert http_app is not None
+        first, second = _raw_request(bridge, 1, "one"), _raw_request(bridge, 2, "two")
+        with socket.create_connection(("127.0.0.1", urlsplit(bridge.url).port), 10) as sock:
+            sock.settimeout(10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if how == "whole":
+                sock.sendall(first)
+            elif how == "split":
+                cut = first.index(b"\r\n\r\n") + 4
+                sock.sendall(first[:cut])
+                time.sleep(0.05)  # the head alone reaches the bridge first
+                sock.sendall(first[cut:])
+            elif how == "dribbled":
+                for i in range(len(first)):
+                    sock.sendall(first[i : i + 1])
+            elif how == "pipelined":
+                sock.sendall(first + second)
+            else:
+                sock.sendall(first)
+                sock.sendall(second)
+            count = 1 if how in ("whole", "split", "dribbled") else 2
+            answers = _read_answers(sock, count)
+        texts = [a["result"]["structuredContent"]["result"] for a in answers]
+        assert texts == ["one", "two"][:count]
+        assert [a["id"] for a in answers] == [1, 2][:count]
+        assert http_app.plain_calls == count
+        # Pipelined bytes go to h11 whole; one request is read without it. The second of
+        # "behind" is either (it may reach the bridge in the same read as the first).
+        if how != "behind":
+            assert http_app.quick_calls == (0 if how == "pipelined" else count)

@@ -34,7 +34,7 @@ import functools
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gym_harness.bridge.fast_call import MODERN_VERSION, PlainCall, answer, plain_tool_call
@@ -49,6 +49,7 @@ MCP_PATH = "/mcp"
 _LOOPBACK_NAMES = (b"127.0.0.1", b"localhost", b"[::1]")
 _SESSION_HEADER = b"mcp-session-id"
 _JSON = b"application/json"
+_MCP_TARGET = MCP_PATH.encode()
 MODERN = MODERN_VERSION.encode()
 # The token of the request being served, read where mcp registers a session.
 _REQUEST_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("bridge_request_token")
@@ -97,6 +98,8 @@ class BridgeHTTP:
         self.fast_tools = fast_tools
         #: Plain ``tools/call`` requests answered the short way so far.
         self.plain_calls = 0
+        #: Of those, the ones read without h11 (``gym_harness.loopback.quick``).
+        self.quick_calls = 0
         self.server = server
         self.max_sessions = max_sessions
         self.max_body_bytes = max_body_bytes
@@ -171,9 +174,7 @@ class BridgeHTTP:
         if host is None or not self._local(host):
             await _refuse(send, 421, b"Misdirected Request")
             return
-        if origin is not None and not (
-            origin.startswith(b"http://") and self._local(origin[len(b"http://") :])
-        ):
+        if origin is not None and not self._local_origin(origin):
             await _refuse(send, 403, b"Forbidden Origin")
             return
         token = self.bridge.token
@@ -211,6 +212,68 @@ class BridgeHTTP:
                 return
         await self._serve(token, scope, receive, send)
 
+    # -- the short way (gym_harness.loopback.quick) ----------------------------------------
+
+    def quick_head(self, conn: Any, target: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
+        """True for a session-less, authenticated stateless-era ``POST /mcp`` within bounds.
+
+        Anything else is declined, and answered the whole way (refusals included).
+        """
+        if target != _MCP_TARGET or not self.fast_tools:
+            return False
+        host = origin = supplied = length = version = None
+        for key, value in headers:
+            if key == b"host":
+                host = value
+            elif key == b"origin":
+                origin = value
+            elif key == b"authorization":
+                supplied = value
+            elif key == b"content-length":
+                length = value
+            elif key == b"mcp-protocol-version":
+                version = value
+            elif key == _SESSION_HEADER:
+                return False
+        if version != MODERN or length is None or int(length) > self.max_body_bytes:
+            return False
+        if (
+            host is None
+            or not self._local(host)
+            or (origin is not None and not self._local_origin(origin))
+        ):
+            return False
+        token = self.bridge.token
+        if self._expected[0] != token.encode():
+            self._expected = (token.encode(), b"Bearer " + token.encode())
+        if supplied is None or not hmac.compare_digest(supplied, self._expected[1]):
+            return False
+        conn.owner = token
+        self.bridge.last_activity = time.monotonic()
+        return True
+
+    def quick_call(
+        self, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Awaitable[tuple[int, bytes, bytes]] | None:
+        """The answer to a plain ``tools/call`` (``fast_call``), or ``None`` to decline."""
+        call = plain_tool_call(body, headers, self.fast_tools)
+        if call is None:
+            return None
+        self.plain_calls += 1
+        self.quick_calls += 1
+        return self._quick_answer(call, headers)
+
+    async def _quick_answer(
+        self, call: PlainCall, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, bytes]:
+        scope = {
+            "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": MCP_PATH, "raw_path": _MCP_TARGET, "root_path": "", "query_string": b"",
+            "headers": headers, "server": ("127.0.0.1", self.port), "client": None,
+        }  # fmt: skip
+        status, data = await self._run_plain(call, scope)
+        return status, _JSON, data
+
     async def _open_session(self, token: str, body: bytes, *args: Any) -> None:
         if self.session_count(token) + self._opening >= self.max_sessions:
             message = (
@@ -237,16 +300,20 @@ class BridgeHTTP:
             reset_transport(transport)
             _REQUEST_TOKEN.reset(reset)
 
-    async def _answer_plain(self, call: PlainCall, scope: Any, send: Any) -> None:
-        """A plain ``tools/call``, the short way (with the context fastmcp's app sets)."""
-        self.plain_calls += 1
+    async def _run_plain(self, call: PlainCall, scope: Any) -> tuple[int, bytes]:
+        """Run a plain ``tools/call`` (with the context fastmcp's app sets)."""
         set_transport, reset_transport, set_http_request, Request = _fastmcp_context()
         transport = set_transport("streamable-http")
         try:
             with set_http_request(Request(scope)):
-                status, data = await answer(self.server, call)
+                return await answer(self.server, call)
         finally:
             reset_transport(transport)
+
+    async def _answer_plain(self, call: PlainCall, scope: Any, send: Any) -> None:
+        """A plain ``tools/call`` that came the whole way through h11 (split, pipelined...)."""
+        self.plain_calls += 1
+        status, data = await self._run_plain(call, scope)
         headers = [(b"content-length", str(len(data)).encode()), (b"content-type", _JSON)]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
@@ -274,6 +341,9 @@ class BridgeHTTP:
         else:
             name, _, port = authority.rpartition(b":")
         return name in _LOOPBACK_NAMES and port in (b"", str(self.port).encode())
+
+    def _local_origin(self, origin: bytes) -> bool:
+        return origin.startswith(b"http://") and self._local(origin[len(b"http://") :])
 
     def _too_large(self) -> bytes:
         return f"request body larger than {self.max_body_bytes} bytes".encode()

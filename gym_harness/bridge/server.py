@@ -311,8 +311,6 @@ class MCPBridge(RotatingToken):
     def _prepare(self) -> None:
         if self._served is not None:
             return
-        from fastmcp import FastMCP
-
         source = load_tools(self._spec)
         originals = {tool.name: tool for tool in run_sync(source.list_tools)}
         visible = [name for name, tool in originals.items() if not _hidden(tool)]
@@ -333,7 +331,7 @@ class MCPBridge(RotatingToken):
             ToolSpec(t.name, t.description or "", dict(t.parameters), frozenset(t.tags))
             for t in served
         ]
-        self._served = FastMCP(
+        self._served = _served_server_class()(
             "gym-harness-bridge",
             tools=served,
             on_duplicate="error",
@@ -341,6 +339,7 @@ class MCPBridge(RotatingToken):
             # is added here may watch tools/list, never a call.
             middleware=[_listing_watch(self)],
         )
+        self._served.fixed_tools = {tool.name: tool for tool in served}  # type: ignore[attr-defined]
 
     # -- calls (on the bridge loop) ---------------------------------------------------
 
@@ -387,6 +386,7 @@ class MCPBridge(RotatingToken):
             options={"timeout_keep_alive": self._timeouts[1]},
             context=http.serving,
             header_timeout_s=self._timeouts[0],
+            quick=http,
         )
         self._http = http
         try:
@@ -420,6 +420,28 @@ def _served_tool_class() -> type[Tool]:
 
 
 _SERVED_TOOL_CLASS: type[Tool] | None = None
+
+
+def _served_server_class() -> type[FastMCP]:
+    global _SERVED_SERVER_CLASS
+    if _SERVED_SERVER_CLASS is None:
+        from fastmcp import FastMCP
+
+        class ServedServer(FastMCP):
+            """The served tools are fixed (no transforms, visibility or auth): a call finds
+            its tool in a dict, not through FastMCP's provider aggregation (tasks, gather)."""
+
+            fixed_tools: dict[str, Tool] = {}  # replaced per instance in _prepare
+
+            async def get_tool(self, name: str, version: Any = None) -> Tool | None:
+                tool = self.fixed_tools.get(name) if version is None else None
+                return tool if tool is not None else await super().get_tool(name, version=version)
+
+        _SERVED_SERVER_CLASS = ServedServer
+    return _SERVED_SERVER_CLASS
+
+
+_SERVED_SERVER_CLASS: type[FastMCP] | None = None
 
 
 def _listing_watch(bridge: MCPBridge) -> Any:

@@ -11,6 +11,9 @@
   complete answer is still being written (eviction aborts the socket, and would lose
   the bytes not yet sent);
 * writes of one loop iteration sent together (:class:`_Coalescing`);
+* the short way for a plain request the app offers to answer itself (a
+  :class:`~gym_harness.loopback.quick.QuickPath`): read without h11 or ASGI, answered
+  in one write, and busy (never evicted once authenticated) from its complete head on;
 * uvicorn's per-connection log turned down to debug (clients are untrusted).
 
 Threads: everything here runs on the server loop.
@@ -21,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Awaitable
 from typing import Any, cast
+
+from gym_harness.loopback.quick import NEED_DATA, Head, QuickPath, read_head, response_bytes
 
 __all__ = [
     "CONNECTION_KEY",
@@ -114,6 +120,11 @@ class _Coalescing:
             if not self._transport.is_closing():
                 self._transport.write(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Send ``data`` now, after whatever is still buffered (one whole response)."""
+        self._buffer.append(data)
+        self._flush()
+
     def close(self) -> None:
         self._flush()
         self._transport.close()
@@ -146,17 +157,24 @@ class _Quiet:
 
 
 _QUIET = _Quiet()
+_SERVER_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: 21\r\n\r\nInternal Server Error"
+)
 
 
 def connection_class() -> type:
     global _CONNECTION_CLASS
     if _CONNECTION_CLASS is None:
+        import h11
         from uvicorn.protocols.http.h11_impl import H11Protocol
 
         class Connection(H11Protocol):
             """uvicorn's HTTP/1.1 protocol with a header deadline and a place in the table."""
 
-            def __init__(self, config: Any, server_state: Any, table: Table) -> None:
+            def __init__(
+                self, config: Any, server_state: Any, table: Table, quick: QuickPath | None
+            ) -> None:
                 super().__init__(config, server_state, {})
                 # Untrusted clients can make uvicorn log at will (bad requests, cut calls).
                 self.logger = _QUIET  # type: ignore[assignment]
@@ -165,9 +183,19 @@ def connection_class() -> type:
                 #: Set by the app once a request authenticated: "" means untrusted.
                 self.owner = ""
                 self._deadline: asyncio.TimerHandle | None = None
+                self.quick = quick
+                # The short way (loopback/quick.py): the bytes of the request it reads (or,
+                # while it answers, of the next one), the head it accepted, and whether
+                # its answer is being made.
+                self._held = b""
+                self._head: Head | None = None
+                self._answering = False
+                self._close_after = False
 
             @property
             def busy(self) -> bool:
+                if self._head is not None or self._answering:
+                    return True
                 return self.cycle is not None and not self.cycle.response_complete
 
             def rank(self) -> int | None:
@@ -184,14 +212,101 @@ def connection_class() -> type:
                 self.table.admit(self)
 
             def connection_lost(self, exc: Exception | None) -> None:
+                self._held, self._head = b"", None
                 self._disarm()
                 self.table.open.pop(self, None)
                 super().connection_lost(exc)
 
             def data_received(self, data: bytes) -> None:
+                if self._answering:  # pipelined behind a short-way answer: held, bounded
+                    self._held += data
+                    self.transport.pause_reading()
+                elif self.quick is not None and self._between_requests():
+                    self._read_quick(data)
+                else:
+                    self._to_h11(data)
+
+            def _to_h11(self, data: bytes) -> None:
                 super().data_received(data)
                 if self._deadline is not None and self.busy:  # the headers are complete
                     self._disarm()
+
+            def _between_requests(self) -> bool:
+                if self._held or self._head is not None:
+                    return True  # a request the short way is reading
+                cycle, conn = self.cycle, self.conn
+                return (
+                    (cycle is None or cycle.response_complete)
+                    and conn.our_state is conn.their_state is h11.IDLE
+                    and not conn.trailing_data[0]
+                )
+
+            def _read_quick(self, data: bytes) -> None:
+                assert self.quick is not None
+                self._unset_keepalive_if_required()
+                buffer = self._held + data if self._held else data
+                self._held = b""
+                head = self._head
+                if head is None:
+                    found = read_head(buffer)
+                    if found == NEED_DATA:
+                        self._held = buffer
+                        return
+                    if not isinstance(found, tuple) or not self.quick.quick_head(
+                        self, found[0], found[1]
+                    ):
+                        self._to_h11(buffer)
+                        return
+                    head = self._head = found
+                    self._disarm()  # the headers are complete
+                _, headers, start, length = head
+                if len(buffer) < start + length:
+                    self._held = buffer
+                    return
+                self._head = None
+                answer = None
+                if len(buffer) == start + length:  # else pipelined: h11's to read
+                    answer = self.quick.quick_call(headers, buffer[start:])
+                if answer is None:
+                    self._to_h11(buffer)
+                    return
+                self._answering = True
+                task = self.loop.create_task(self._answer_quick(answer))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+
+            async def _answer_quick(self, answer: Awaitable[tuple[int, bytes, bytes]]) -> None:
+                try:
+                    status, content_type, body = await answer
+                    data = response_bytes(status, content_type, body)
+                except Exception:  # what uvicorn makes of an app's error
+                    logger.debug("short-way answer failed", exc_info=True)
+                    data, self._close_after = _SERVER_ERROR, True
+                finally:
+                    self._answering = False
+                transport = cast(_Coalescing, self.transport)
+                if transport.is_closing():
+                    return
+                transport.write_now(data)
+                self.server_state.total_requests += 1
+                if self._close_after:
+                    transport.close()
+                    return
+                self._unset_keepalive_if_required()  # uvicorn's keep-alive, then ours
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+                self._arm(self.timeout_keep_alive + self.table.header_timeout_s)
+                if self._held:
+                    held, self._held = self._held, b""
+                    transport.resume_reading()
+                    self.data_received(held)
+
+            def shutdown(self) -> None:
+                if self._answering:
+                    self._close_after = True  # once the answer is out
+                else:
+                    super().shutdown()
 
             def on_response_complete(self) -> None:
                 super().on_response_complete()

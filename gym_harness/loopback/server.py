@@ -46,6 +46,7 @@ from gym_harness.loopback.connections import (
     connection_cap,
     connection_class,
 )
+from gym_harness.loopback.quick import QuickPath
 
 __all__ = ["IDLE_TIMEOUT_S", "LoopbackServer", "RotatingToken", "listening_with", "run_sync"]
 
@@ -150,6 +151,8 @@ class LoopbackServer:
             returns is entered around the whole serve (e.g. an HTTP client the app uses).
         header_timeout_s: See the module docstring.
         max_connections: See the module docstring (lowered by :func:`connection_cap`).
+        quick: What of ``app`` answers plain requests the short way
+            (:mod:`gym_harness.loopback.quick`), if anything.
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class LoopbackServer:
         context: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
         header_timeout_s: float = HEADER_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        quick: QuickPath | None = None,
     ) -> None:
         options = {**_BASE_CONFIG, **(options or {})}
         self._grace_s = float(options.pop("timeout_graceful_shutdown", None) or 0.0)
@@ -175,6 +179,7 @@ class LoopbackServer:
         self._stop_timeout_s = stop_timeout_s
         self._options = options
         self._context = context
+        self._quick = quick
         self._table = Table(connection_cap(max_connections), header_timeout_s)
         self._state = Lifecycle.NEW
         self._thread: threading.Thread | None = None
@@ -338,7 +343,7 @@ class LoopbackServer:
         context = self._context() if self._context is not None else contextlib.nullcontext()
         async with context:
             server = await loop.create_server(
-                lambda: cls(config, state, self._table), sock=sock, backlog=_BACKLOG
+                lambda: cls(config, state, self._table, self._quick), sock=sock, backlog=_BACKLOG
             )
             self._ready.set()
             try:
