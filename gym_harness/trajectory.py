@@ -208,6 +208,8 @@ class Trajectory:
         calls: In model mode, every model call of the episode (``ModelCall``), in order.
         sandbox: The protections the episode's harness ran under: ``{"tier", "enforced":
             [layer, ...], "missing": {layer: why}}`` (README, "Confinement").
+        forked_from: A forked episode's parent: ``{"episode_id", "step"}`` (the parent's
+            steps when it was forked; README, "Forking"); ``None`` for an episode of its own.
     """
 
     episode_id: str
@@ -218,6 +220,7 @@ class Trajectory:
     reset_s: float = 0.0
     calls: list[ModelCall] = field(default_factory=list)
     sandbox: Mapping[str, Any] = field(default_factory=dict)
+    forked_from: Mapping[str, Any] | None = None
 
     @property
     def events(self) -> list[HarnessEvent]:
@@ -281,6 +284,7 @@ class Trajectory:
             "outcome": self.outcome,
             "reset_s": self.reset_s,
             "sandbox": dict(self.sandbox),
+            "forked_from": None if self.forked_from is None else dict(self.forked_from),
         }
 
     def to_record(

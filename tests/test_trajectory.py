@@ -34,6 +34,7 @@ RECORD_KEYS = [
     "outcome",
     "reset_s",
     "sandbox",
+    "forked_from",
     "env_id",
     "episode_index",
     "seed",
