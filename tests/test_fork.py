@@ -20,6 +20,7 @@ import psutil
 import pytest
 from gymnasium.error import ResetNeeded
 from support import LIGHT_MODEL_AGENT, LINE_AGENT, MODEL_AGENT
+from support.model_server import ScriptedModelServer
 
 from gym_harness import ConfigError, ForkDiverged, ForkUnsupported, HarnessEnv
 
@@ -143,14 +144,12 @@ def test_only_a_running_episode_forks() -> None:
         env.fork()
 
 
-def test_a_turn_mode_harness_without_a_fork_path_is_unsupported_before_anything_starts(
-    tmp_path: Any,
-) -> None:
+def test_a_turn_mode_harness_without_a_fork_path_is_unsupported_before_anything_starts() -> None:
     env = HarnessEnv("command", command=[sys.executable, str(LINE_AGENT)])
     try:
         env.reset(seed=0)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        with pytest.raises(ForkUnsupported, match="'command' harness cannot fork"):
+        with pytest.raises(ForkUnsupported, match="'command' harness cannot fork this turn-mode"):
             env.fork()
         assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
         assert env.step("still here")[0]
@@ -213,3 +212,71 @@ def test_fifty_forks_of_one_parent_leave_nothing_behind() -> None:
         assert env.step("second answer")[2]
     finally:
         env.close()
+
+
+def reference_turns(server: ScriptedModelServer, **kwargs: Any) -> HarnessEnv:
+    """A turn-mode Reference agent whose ``openai`` policy is ``server`` (it recalls)."""
+    return HarnessEnv(
+        "reference",
+        policy="openai",
+        model="m",
+        base_url=server.openai_base_url,
+        connect_ports=[server.port],
+        **kwargs,
+    )
+
+
+def test_a_turn_mode_fork_resumes_the_reference_agents_session() -> None:
+    with ScriptedModelServer(recall=True) as server:
+        env = reference_turns(server)
+        child = None
+        try:
+            env.reset(seed=0)
+            assert env.step("first apple")[0] == "you said: first apple"
+            reply = env.step("second banana")[0]
+            assert reply == "you said: first apple | second banana"
+            assert env.workspace is not None
+            (env.workspace / "notes.txt").write_text("from the parent's first two turns")
+            parent_id = env.trajectory.episode_id
+
+            child, obs, info = env.fork()
+            assert obs == reply and info["error_type"] == "", info["error"]
+            assert info["fork"]["method"] == "native" and info["fork"]["step"] == 2
+            assert child.trajectory.forked_from == {"episode_id": parent_id, "step": 2}
+            assert [t.message for t in child.trajectory.turns] == ["first apple", "second banana"]
+            assert child.workspace is not None and child.workspace != env.workspace
+            assert (
+                child.workspace / "notes.txt"
+            ).read_text() == "from the parent's first two turns"
+
+            (child.workspace / "notes.txt").write_text("the child's")
+            assert child.step("child cherry")[0] == (
+                "you said: first apple | second banana | child cherry"
+            )
+            assert env.step("parent date")[0] == (
+                "you said: first apple | second banana | parent date"
+            )
+            assert (env.workspace / "notes.txt").read_text() == "from the parent's first two turns"
+            assert child.step("child again")[0].endswith("child cherry | child again")
+        finally:
+            if child is not None:
+                child.close()
+            env.close()
+
+
+def test_a_fork_past_max_fork_bytes_fails_before_anything_starts() -> None:
+    with ScriptedModelServer(recall=True) as server:
+        env = reference_turns(server, max_fork_bytes=64)
+        try:
+            env.reset(seed=0)
+            env.step("first")
+            assert env.workspace is not None
+            (env.workspace / "big.bin").write_bytes(b"x" * 65)
+            before = {p.pid for p in psutil.Process().children(recursive=True)}
+            with pytest.raises(ForkUnsupported, match="more than max_fork_bytes=64 bytes"):
+                env.fork()
+            assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+            (env.workspace / "big.bin").unlink()
+            assert env.step("second")[0] == "you said: first | second"
+        finally:
+            env.close()

@@ -55,12 +55,16 @@ class ScriptedUser:
         return None if self.then is None else self.then(trajectory)
 
 
-def action_of(completion: Completion) -> str:
-    """``completion`` as the action that gives it again (the same tool-call ids, so the
-    harness's next request is the same too)."""
+def action_of(completion: Completion, parent_dir: str = "", child_dir: str = "") -> str:
+    """``completion`` as the action that gives it again: the same tool-call ids (so the
+    harness's next request is the same too), and ``parent_dir`` (the parent episode's
+    directory, in a tool call's absolute path) made ``child_dir``."""
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls]
     message = {"content": completion.content, "stop_reason": completion.stop_reason}
-    return json.dumps({**message, "tool_calls": calls} if calls else message, ensure_ascii=False)
+    text = json.dumps({**message, "tool_calls": calls} if calls else message, ensure_ascii=False)
+    if not parent_dir:
+        return text
+    return text.replace(_in_json(parent_dir), _in_json(child_dir))
 
 
 def answered(parent: Parent, all_calls: bool) -> list[ModelCall]:
@@ -91,9 +95,8 @@ def difference(parent: Any, child: Any, parent_dir: str, child_dir: str) -> str:
         want, got = parent.get(key) or [], child.get(key) or []
         for index in range(max(len(want), len(got))):
             mine = _text(want[index]) if index < len(want) else "(none)"
-            theirs = (
-                _text(got[index]).replace(child_dir, parent_dir) if index < len(got) else "(none)"
-            )
+            theirs = _text(got[index]) if index < len(got) else "(none)"
+            theirs = theirs.replace(_in_json(child_dir), _in_json(parent_dir))
             if mine != theirs:
                 return f"{key}[{index}]: the parent's {_quote(mine)}, the child's {_quote(theirs)}"
     return ""
@@ -134,7 +137,8 @@ def replay(
             if index:
                 completion = steps[index - 1].completion
                 assert completion is not None  # answered() keeps answered calls only
-                obs, _, terminated, truncated, info = child.step(action_of(completion))
+                action = action_of(completion, str(directory), child_dir)
+                obs, _, terminated, truncated, info = child.step(action)
                 if terminated or truncated:
                     raise _ended(parent, index + 1, info)
             seen = json.loads(obs)
@@ -179,6 +183,10 @@ def _episode_dir(child: Forkable) -> Path:
     workspace = child.workspace
     assert workspace is not None  # reset made it
     return workspace.parent
+
+
+def _in_json(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def _text(value: Any) -> str:
