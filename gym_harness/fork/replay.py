@@ -5,12 +5,14 @@ the same harness on the same task in a fresh workspace and answering each of its
 calls with the parent's completion for that call, at once and without the policy (side
 calls are answered as usual), until it makes the call the parent holds: that request is
 the child's observation. The harness re-runs its own tools and the env's along the way,
-so the workspace is rebuilt by the same actions. User messages after the first are the
+so the workspace is rebuilt by the same actions (a tool call's path into the parent's
+episode directory is made the child's). User messages after the first are the
 parent's, in order; once they are spent the child's ``user_fn`` is the parent's.
 
 Each replayed request is compared with the recorded one (messages and tools; the
 episode's own directory is the same path for this comparison, since every episode has
-its own). The first difference (a tool whose output changed, a timestamp in a prompt)
+its own; what the adapter's ``replay_noise`` matches, such as a tool's wall time, does
+not count). The first difference (a tool whose output changed, a timestamp in a prompt)
 is reported, and with ``strict`` raises :class:`~gym_harness.errors.ForkDiverged`.
 
 Threads: the caller's thread only.
@@ -19,6 +21,7 @@ Threads: the caller's thread only.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ScriptedUser", "action_of", "difference", "replay"]
 
-#: How much of each side of a difference the report quotes.
+#: What CLIs make a dash when they name a directory after a path.
+_DASHES = re.compile(r"[^A-Za-z0-9]")
+#: How many characters of each side of a difference the report quotes.
 QUOTE = 200
 
 
@@ -62,9 +67,7 @@ def action_of(completion: Completion, parent_dir: str = "", child_dir: str = "")
     calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in completion.tool_calls]
     message = {"content": completion.content, "stop_reason": completion.stop_reason}
     text = json.dumps({**message, "tool_calls": calls} if calls else message, ensure_ascii=False)
-    if not parent_dir:
-        return text
-    return text.replace(_in_json(parent_dir), _in_json(child_dir))
+    return _swap(text, parent_dir, child_dir) if parent_dir else text
 
 
 def answered(parent: Parent, all_calls: bool) -> list[ModelCall]:
@@ -89,16 +92,26 @@ def answered(parent: Parent, all_calls: bool) -> list[ModelCall]:
     return steps
 
 
-def difference(parent: Any, child: Any, parent_dir: str, child_dir: str) -> str:
-    """Where ``child``'s request differs from ``parent``'s (messages, then tools), or ``""``."""
+def difference(
+    parent: Any, child: Any, parent_dir: str, child_dir: str, noise: tuple[str, ...] = ()
+) -> str:
+    """Where ``child``'s request differs from ``parent``'s (messages, then tools), or ``""``;
+    what the ``noise`` patterns match (``Harness.replay_noise``) does not count."""
     for key in ("messages", "tools"):
         want, got = parent.get(key) or [], child.get(key) or []
         for index in range(max(len(want), len(got))):
             mine = _text(want[index]) if index < len(want) else "(none)"
             theirs = _text(got[index]) if index < len(got) else "(none)"
-            theirs = theirs.replace(_in_json(child_dir), _in_json(parent_dir))
-            if mine != theirs:
-                return f"{key}[{index}]: the parent's {_quote(mine)}, the child's {_quote(theirs)}"
+            theirs = _swap(theirs, child_dir, parent_dir)
+            if _quiet(mine, noise) != _quiet(theirs, noise):
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                    min(len(mine), len(theirs)),
+                )
+                return (
+                    f"{key}[{index}] from character {at}: the parent's {_quote(mine, at)}, "
+                    f"the child's {_quote(theirs, at)}"
+                )
     return ""
 
 
@@ -132,7 +145,7 @@ def replay(
     first: tuple[int, str] | None = None
     try:
         obs, info = child.reset(options=parent.options)
-        child_dir = str(_episode_dir(child))
+        child_dir, noise = str(_episode_dir(child)), child.harness.replay_noise
         for index, target in enumerate(targets):
             if index:
                 completion = steps[index - 1].completion
@@ -144,7 +157,7 @@ def replay(
             seen = json.loads(obs)
             if not seen.get("request_id"):
                 raise _ended(parent, index + 1, info)
-            what = difference(target, seen, str(directory), child_dir)
+            what = difference(target, seen, str(directory), child_dir, noise)
             if what and first is None:
                 first = (index + 1, what)
                 if strict:
@@ -185,6 +198,21 @@ def _episode_dir(child: Forkable) -> Path:
     return workspace.parent
 
 
+def _quiet(text: str, noise: tuple[str, ...]) -> str:
+    for pattern in noise:
+        text = re.sub(pattern, "", text)
+    return text
+
+
+def _swap(text: str, old_dir: str, new_dir: str) -> str:
+    """``text`` (JSON) with the episode directory ``old_dir`` made ``new_dir``: as a path,
+    and in the dashed form CLIs name a project's directory by (Claude Code's
+    ``-tmp-x-workspace``)."""
+    for old, new in ((old_dir, new_dir), (_DASHES.sub("-", old_dir), _DASHES.sub("-", new_dir))):
+        text = text.replace(_in_json(old), _in_json(new))
+    return text
+
+
 def _in_json(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
@@ -193,5 +221,8 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _quote(text: str) -> str:
-    return text if len(text) <= QUOTE else text[:QUOTE] + f"... ({len(text)} chars)"
+def _quote(text: str, at: int) -> str:
+    """``text`` around character ``at`` (where two texts part), at most ``QUOTE`` of it."""
+    start = max(0, at - QUOTE // 4)
+    part = text[start : start + QUOTE]
+    return f"{'...' if start else ''}{part!r}{'...' if start + QUOTE < len(text) else ''}"

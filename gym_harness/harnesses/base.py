@@ -250,6 +250,9 @@ class Harness(ABC):
     name: ClassVar[str] = ""
     #: Tool names the harness already has; a clashing env tool is renamed.
     builtin_tools: ClassVar[frozenset[str]] = frozenset()
+    #: Patterns of what the harness itself puts in its model requests differently each run
+    #: (a tool's wall time): a replayed fork compares requests with their matches blanked.
+    replay_noise: ClassVar[tuple[str, ...]] = ()
     #: On the copy ``forked`` makes: the episode its next launch resumes.
     fork_origin: ForkOrigin | None = None
 

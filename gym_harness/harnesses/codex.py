@@ -106,6 +106,8 @@ class CodexHarness(Harness):
     """
 
     name: ClassVar[str] = "codex"
+    #: Codex reports each tool call's wall time in its result.
+    replay_noise: ClassVar[tuple[str, ...]] = (r"Wall time: [0-9.]+ seconds",)
 
     def __init__(
         self,
