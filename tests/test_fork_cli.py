@@ -45,7 +45,11 @@ WRITERS: dict[str, tuple[str, Callable[[Path, str], dict[str, Any]]]] = {
     "gemini_cli": ("write_file", lambda p, t: {"file_path": str(p), "content": t}),
 }
 #: Per harness name: what its adapter needs to let the file tool run unasked.
-CHANGES: dict[str, dict[str, Any]] = {"claude_code": {"allowed_tools": ["Write"]}}
+CHANGES: dict[str, dict[str, Any]] = {
+    "claude_code": {"allowed_tools": ["Write"]},
+    "qwen_code": {"extra_args": ["--approval-mode", "yolo"]},
+    "gemini_cli": {"extra_args": ["--approval-mode", "yolo"]},
+}
 
 
 def as_child(value: Any, parent: Path, child: Path) -> Any:
@@ -146,7 +150,8 @@ def test_a_cli_forked_at_call_3_replays_its_tools_and_files(cli: str, make_env: 
         assert quiet(seen["messages"], noise) == quiet(
             as_child(third["messages"], env.workspace, child.workspace), noise
         )
-        assert seen["tools"] == third["tools"] and seen["request_id"] != third["request_id"]
+        assert seen["tools"] == as_child(third["tools"], env.workspace, child.workspace)
+        assert seen["request_id"] != third["request_id"]
         assert calls.seen == [(20, 22), (20, 22)]  # the child's CLI ran the env tool again
         assert (child.workspace / "shared.txt").read_text().strip() == "written before the fork"
 
