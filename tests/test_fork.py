@@ -23,6 +23,7 @@ from support import LIGHT_MODEL_AGENT, LINE_AGENT, MODEL_AGENT
 from support.model_server import ScriptedModelServer
 
 from gym_harness import ConfigError, ForkDiverged, ForkUnsupported, HarnessEnv
+from gym_harness.harnesses.registry import HARNESSES, harness_class
 
 RAN: list[tuple[int, int]] = []  # every call of the ``add`` tool, in this process
 
@@ -280,3 +281,17 @@ def test_a_fork_past_max_fork_bytes_fails_before_anything_starts() -> None:
             assert env.step("second")[0] == "you said: first | second"
         finally:
             env.close()
+
+
+#: The harnesses with no turn-mode fork path (ACP gives no way to resume a copied session).
+NO_FORK_PATH = ["acp", "opencode", "qwen_code", "gemini_cli", "claude_agent_acp", "codex_acp"]
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES))
+def test_every_harness_without_a_fork_path_says_so_by_name(name: str) -> None:
+    """Before a session has what a fork needs (none yet), every adapter refuses, naming
+    itself; the ones without any fork path say they have no way to resume a session."""
+    with pytest.raises(ForkUnsupported, match=f"the {name!r} harness cannot fork") as raised:
+        harness_class(name)().fork_session(None)
+    lacks = "no way to resume a copy of its saved session" in str(raised.value)
+    assert lacks == (name in NO_FORK_PATH)
