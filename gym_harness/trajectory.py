@@ -296,13 +296,16 @@ class Trajectory:
         total_s: float,
         fault: Outcome | None = None,
         error: str = "",
+        group_id: str | None = None,
     ) -> dict[str, Any]:
         """Return the rollout record of the episode (JSON-ready; one line of the output).
 
         The keys of ``to_dict()``, then ``env_id``, ``episode_index``, ``seed``,
         ``messages`` (each turn's user message and reply, as chat messages),
-        ``error_type`` and ``error`` (the last turn's, ``""`` if none), and ``timings``
-        (``reset_s``, ``turns_s``, ``total_s``). An episode still running is recorded
+        ``error_type`` and ``error`` (the last turn's, ``""`` if none), ``timings``
+        (``reset_s``, ``turns_s``, ``total_s``), and ``group_id``, ``parent_id`` and
+        ``fork_step`` (a grouped rollout's fork: its group, ``forked_from``'s episode id
+        and step; ``None`` otherwise). An episode still running is recorded
         with ``outcome`` ``"max_turns"``: the rollout, not the harness, stopped it.
 
         Args:
@@ -314,6 +317,7 @@ class Trajectory:
                 (``Outcome.WORKER_LOST``: the worker running it died); it becomes the
                 record's ``outcome`` and ``error_type``.
             error: With ``fault``, what happened.
+            group_id: The group of a grouped rollout's fork (its prefix's episode id).
 
         Returns:
             The record.
@@ -340,6 +344,9 @@ class Trajectory:
                 "turns_s": [t["elapsed_s"] for t in turns],
                 "total_s": total_s,
             },
+            group_id=group_id,
+            parent_id=None if self.forked_from is None else self.forked_from["episode_id"],
+            fork_step=None if self.forked_from is None else self.forked_from["step"],
         )
         if self.calls:  # model mode: the message-level shape trainers consume
             record["calls"] = [call_record(call) for call in self.calls]

@@ -43,6 +43,9 @@ RECORD_KEYS = [
     "error_type",
     "error",
     "timings",
+    "group_id",
+    "parent_id",
+    "fork_step",
 ]
 
 

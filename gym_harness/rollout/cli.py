@@ -33,6 +33,7 @@ from gym_harness.capture.chat_format import llm_exchanges
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
+from gym_harness.rollout.groups import group_settings
 from gym_harness.rollout.local import DEFAULT_MAX_STEPS, load_policy, local_rollout
 from gym_harness.tasks import Task, load_tasks
 
@@ -158,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_STEPS,
         help="with --mode model: model calls answered per episode at most (default: %(default)s)",
     )
+    roll.add_argument("--group", type=int, help="fork each episode G ways (see --fork-at)")
+    roll.add_argument("--fork-at", type=int, default=0, help="with --group: steps before the fork")
     roll.add_argument("--upstream-key-env", help="variable holding the upstream's API key")
     roll.add_argument("--logprobs", action="store_true", help="ask the upstream for logprobs")
     return parser
@@ -262,12 +265,16 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             upstream_api_key_env=args.upstream_key_env,
             request_logprobs=args.logprobs,
         )
-    model = _model_settings(args, kwargs)
+    model = {**_model_settings(args, kwargs), **group_settings(args.group, args.fork_at)}
     if args.ray is None:
         return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, model)
     from gym_harness.rollout.ray import ray_rollout
 
-    remote = {"address": args.ray or None, **({**model, "policy": args.policy} if model else {})}
+    remote = {
+        "address": args.ray or None,
+        **model,
+        **({"policy": args.policy} if args.policy else {}),
+    }
     return _write_rollout(args, kwargs, tasks, max_turns, ray_rollout, remote)
 
 
@@ -285,7 +292,7 @@ def _write_rollout(
     ends: a run that fails never truncates an existing file. One that fails after
     some records keeps them in ``OUT.partial``.
     """
-    progress = _Progress(len(tasks) * args.n, sys.stderr)
+    progress = _Progress(len(tasks) * args.n * (args.group or 1), sys.stderr)
     target = Path(args.out)
     written = 0
 

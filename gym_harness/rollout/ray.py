@@ -42,7 +42,8 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
-from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, run_episode, schedule
+from gym_harness.rollout.groups import group_settings, run_task
+from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, schedule
 from gym_harness.tasks import Task
 from gym_harness.utils.imports import import_optional
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
@@ -125,11 +126,10 @@ class _EnvWorker:
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, float(reward), bool(terminated), bool(truncated), info
 
-    def episode(self, task: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def episode(self, task: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
         assert self.env is not None
-        record = run_episode(self.env, task, **kwargs)
-        record["task"] = None  # the driver has it: large task files never travel back
-        return record
+        # The driver has the task: large task files never travel back.
+        return run_task(self.env, task, keep_task=False, **kwargs)
 
     def describe(self) -> dict[str, Any]:
         import ray
@@ -378,6 +378,8 @@ def ray_rollout(
     timeout_s: float = 3600.0,
     policy: Callable[..., Any] | str | None = None,
     max_steps: int = 100,
+    group: int | None = None,
+    fork_at: int = 0,
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
@@ -403,7 +405,7 @@ def ray_rollout(
         num_workers: Actors in the pool (default: the cluster's CPUs, at most one per episode).
         resources_per_env: Ray actor options per actor (default ``DEFAULT_RESOURCES``).
         timeout_s: The longest one episode may take before its actor is killed.
-        policy, max_steps: Model mode, as for ``run_episode`` (each actor runs the policy).
+        policy, max_steps, group, fork_at: As for ``local_rollout`` (on each actor).
 
     Returns:
         How many records were written.
@@ -411,6 +413,7 @@ def ray_rollout(
     Raises:
         ConfigError: Ray is missing, or the env cannot be made on a worker.
     """
+    grouping = group_settings(group, fork_at)
     plan = episodes(tasks, n, seed)
     if not plan:
         return 0
@@ -423,7 +426,7 @@ def ray_rollout(
         pool = _Pool(env_id, env_kwargs, resources)
         spare.append(pool.new())
         pool.check(spare[0], timeout_s)
-        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up)
+        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up, **grouping)
         if policy is not None:
             settings.update(policy=policy, max_steps=max_steps)
         mission = _Mission(pool, tasks, settings, timeout_s)
@@ -470,22 +473,23 @@ class _RayEpisodes:
         self.mission, self.actor = mission, actor
         self.lost = False
 
-    def run(self, episode: Episode) -> dict[str, Any]:
+    def run(self, episode: Episode) -> list[dict[str, Any]]:
         mission, ray = self.mission, self.mission.pool.ray
         task_id = episode.task.id
         ref = self.actor.episode.remote(
             mission.refs[task_id], seed=episode.seed, index=episode.index, **mission.settings
         )
         try:
-            record: dict[str, Any] = ray.get(ref, timeout=mission.timeout_s)
+            records: list[dict[str, Any]] = ray.get(ref, timeout=mission.timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             self.lost = True
             raise WorkerLost(f"no result within {mission.timeout_s:g} s") from exc
         except ray.exceptions.RayActorError as exc:
             self.lost = True
             raise WorkerLost(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-        record["task"] = mission.tasks[task_id]  # the actor sent none back
-        return record
+        for record in records:
+            record["task"] = mission.tasks[task_id]  # the actor sent none back
+        return records
 
     def abort(self) -> None:
         ray = self.mission.pool.ray
