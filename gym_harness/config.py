@@ -158,6 +158,9 @@ class HarnessConfig:
         connect_ports: TCP ports a confined harness may connect to beside the env's
             endpoints and its adapter's model API (a model server a Command harness calls
             itself). Landlock's rules name ports, not hosts: any host on these ports.
+        max_fork_bytes: Most bytes of workspace and private home ``HarnessEnv.fork`` copies
+            (a turn-mode fork copies both; README, "Forking"); a larger episode fails to
+            fork with ``ForkUnsupported`` saying how much it holds. 1 GiB by default.
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -190,6 +193,7 @@ class HarnessConfig:
     max_processes: int | None = None
     readable_paths: Sequence[str] = ()
     connect_ports: Sequence[int] = ()
+    max_fork_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -234,6 +238,7 @@ class HarnessConfig:
             "capture_max_bytes",
             "max_mcp_sessions",
             "tool_workers",
+            "max_fork_bytes",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

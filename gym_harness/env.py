@@ -5,11 +5,9 @@ episode is one harness process (and one fresh workspace). Harness faults never
 raise out of ``reset``/``step``: they become outcomes (see the README's outcome
 table) with ``info["error_type"]``.
 
-Whatever raises out of ``step`` (a ``KeyboardInterrupt`` mid-turn, a callback's
-error), the next ``step`` returns the reply to its own message or raises
-``ResetNeeded``: a turn that did not finish ends the episode, and every turn is
-recorded in ``trajectory`` before the user's code (``reward_fn``, ``on_event``)
-runs on it (see ``gym_harness.usercode``).
+Whatever raises out of ``step`` (Ctrl-C mid-turn, a callback's error), the next ``step``
+returns the reply to its own message or raises ``ResetNeeded``; every turn is recorded in
+``trajectory`` before the user's code runs on it (see ``gym_harness.usercode``).
 
 Threads: the caller's thread runs reset/step/close and never needs an event
 loop. ``HarnessProcess`` owns its reader threads; ``MCPBridge`` owns its server
@@ -18,13 +16,14 @@ thread and loop. Env tools tagged ``"locked"`` run holding ``env.lock``.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 import gymnasium
 from gymnasium.error import ResetNeeded
@@ -41,7 +40,7 @@ from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
 from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
-from gym_harness.usercode import CallbackGuard, RewardRunner, UserFnRunner, user_callable
+from gym_harness.usercode import CallbackGuard, TurnScorer, UserFnRunner, user_callable
 from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
@@ -90,9 +89,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
             ``"all"`` (every model call is a step).
         user_fn: In model mode, ``user_fn(trajectory) -> str | None`` at each turn's
             end: the next user message, or ``None`` to end the episode; or an import string.
-        **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``,
-            ``command=[...]`` ...); every other keyword goes to the harness's
-            constructor when ``harness`` is a name (``model=...``).
+        **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``, ``command=[...]``); any
+            other keyword goes to the harness's constructor (``model=...``) given its name.
 
     Raises:
         ConfigError: Bad configuration, an unknown keyword, or unreadable tasks.
@@ -130,6 +128,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         user_fn: UserFn | str | None = None,
         **kwargs: Any,
     ) -> None:
+        self._spawn_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
+        self._spawn_args.update(kwargs)  # what a fork's child env is made with
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
         self.harness = make_harness(harness, harness_kwargs, type(self))
@@ -157,7 +157,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._user_fn: UserFn | None = user_callable(user_fn, "user_fn")
         self.on_event = on_event
         self._callbacks = CallbackGuard()
-        self._rewards: RewardRunner | None = None
+        self._rewards = TurnScorer(self.config.reward_timeout_s)
         self._ended_why = ""
         self.lock = threading.Lock()
         self._bridge_args = ([] if tools is None else tools, tool_prefix, tool_timeout_s)
@@ -242,12 +242,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             CallbackError: The ``on_event`` callback raised during this turn; the turn
                 ran to its end and is in ``trajectory``, and the episode can go on.
         """
-        if self._state is not Lifecycle.RUNNING:
-            why = f" ({self._ended_why})" if self._ended_why else ""
-            fix = "make a new env" if self._state is Lifecycle.STOPPED else "call reset() first"
-            raise ResetNeeded(
-                f"step() needs a running episode: {fix} (the env is {self._state.value}{why})."
-            )
+        self._check_running("step()")
         if not isinstance(action, str):
             raise TypeError(f"the action must be a str (one user message), got {type(action)!r}.")
         turn = len(self.trajectory.turns) + 1
@@ -273,6 +268,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._abandon(f"step() for turn {turn} raised {type(exc).__name__} mid-turn")
             raise
         return self._step_end(reply, record)
+
+    def _check_running(self, what: str) -> None:
+        if self._state is not Lifecycle.RUNNING:
+            why = f" ({self._ended_why})" if self._ended_why else ""
+            fix = "make a new env" if self._state is Lifecycle.STOPPED else "call reset() first"
+            raise ResetNeeded(
+                f"{what} needs a running episode: {fix} (the env is {self._state.value}{why})."
+            )
 
     def _step_end(
         self, reply: str, record: TurnRecord
@@ -300,8 +303,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         with self._state_lock:
             if self._state is Lifecycle.STOPPED:
                 return
-            self._state = Lifecycle.STOPPED
-            self._ended_why = "close() was called; a closed env stays closed"
+            self._state, self._ended_why = Lifecycle.STOPPED, "close() was called; it stays closed"
         with interrupts_held():
             try:
                 self._end_episode()
@@ -325,6 +327,20 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 f"(unwrapped: {type(inner).__name__})."
             )
         return inner
+
+    def fork(self, *, strict: bool = False) -> tuple[HarnessEnv, str, dict[str, Any]]:
+        """A new env in this episode's state, which goes on undisturbed (README, "Forking").
+
+        Returns ``(child, observation, info)`` as ``reset`` does, ``info["fork"]`` saying how;
+        raises ``ResetNeeded`` (no running episode), ``ForkUnsupported`` or ``ForkDiverged``.
+        """
+        from gym_harness.fork import Parent, fork_episode
+
+        self._check_running("fork()")
+        spawn = functools.partial(HarnessEnv, **self._spawn_args)  # user_fn= is the child's
+        parent = Parent(self.trajectory, spawn, self._runner, self._model, self._user_fn)
+        child, obs, info = fork_episode(parent, self._owned.current, strict)
+        return cast(HarnessEnv, child), obs, info
 
     def list_tools(self) -> list[Any]:
         """The env tools as the harness sees them (``ToolSpec``s, served names)."""
@@ -361,20 +377,17 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 from gym_harness.capture.proxy import start_proxy
 
                 if self._proxy is None:
-                    with interrupts_held():  # started and owned, or neither
-                        proxy = start_proxy(*self._capture, self.config.capture_max_bytes)
-                        self._proxy = self._owned.own(proxy)
-                proxy = self._proxy
-                proxy.drain()  # exchanges of an earlier episode's last moments
-                model_base_url, model_api_key = proxy.base_url, proxy.rotate_token()
+                    limit = self.config.capture_max_bytes
+                    self._proxy = self._owned.start(start_proxy, *self._capture, limit)
+                self._proxy.drain()  # exchanges of an earlier episode's last moments
+                model_base_url, model_api_key = self._proxy.base_url, self._proxy.rotate_token()
             if self._model_options is not None:  # side calls go to the proxy, if any
                 from gym_harness.model.turns import ModelTurns
 
-                if self._model is None:
+                if self._model is None:  # started and owned, or neither
                     user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
-                    with interrupts_held():  # started and owned, or neither
-                        self._model = ModelTurns.serve(self.harness, self._model_options, user_fn)
-                        self._owned.own(self._model.endpoint)
+                    serve, harness = ModelTurns.serve, self.harness
+                    self._model = self._owned.start(serve, harness, self._model_options, user_fn)
                 model_api_key = self._model.new_key(self._proxy)
                 model_base_url = self._model.endpoint.base_url
                 policy_timeout_s = self._model_options.policy_timeout_s
@@ -395,17 +408,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self._bridge is None:
             from gym_harness.bridge.server import MCPBridge
 
-            self._bridge = self._owned.own(  # owned before it starts: close() stops it
-                MCPBridge(
-                    self._bridge_args[0],
-                    builtin_names=self.harness.builtin_tools,
-                    prefix=self._bridge_args[1],
-                    tool_timeout_s=self._bridge_args[2],
-                    lock=self.lock,
-                    max_sessions=self.config.max_mcp_sessions,
-                    tool_workers=self.config.tool_workers,
-                )
-            )
+            names = self.harness.builtin_tools
+            bridge = MCPBridge.for_env(*self._bridge_args, names, self.config, self.lock)
+            self._bridge = self._owned.own(bridge)  # owned before it starts: close() stops it
         return self._bridge
 
     def _start_harness(self, ctx: EpisodeContext) -> tuple[Outcome, str]:
@@ -457,13 +462,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
             result = self._proxy.close_turn(result)
         record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
         self.trajectory.turns.append(record)
-        if self.reward_fn is None or result.error_type == Outcome.INVALID_ACTION:
-            return record  # a malformed action scores 0.0, not reward_fn's
-        if self._rewards is None or self._rewards.reward_fn is not self.reward_fn:
-            self._rewards = RewardRunner(self.reward_fn, self.config.reward_timeout_s)
-        task = None if self._task is None else self._task.to_dict()
-        ctx = record.reward_context(*self._owned.scored_dirs(), task)
-        self.trajectory.turns[-1] = record = record.scored(*self._rewards(ctx))
+        if self.reward_fn is not None and result.error_type != Outcome.INVALID_ACTION:
+            task = None if self._task is None else self._task.to_dict()  # invalid: 0.0, unscored
+            scored = self._rewards.score(self.reward_fn, record, self._owned.scored_dirs(), task)
+            self.trajectory.turns[-1] = record = scored
         return record
 
     def _info(
@@ -494,6 +496,5 @@ class HarnessEnv(gymnasium.Env[str, str]):
     def _end_episode(self) -> None:
         with interrupts_held():  # whole: no half-ended episode for a later step to read
             self._stop_process()
-            self._proc = None
-            self._runner = None
+            self._proc = self._runner = None
             self._owned.end_episode()

@@ -14,6 +14,8 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── ToolConflictError      env tools clash (reserved, duplicate, unresolvable)
     ├── CaptureError           the model proxy could not start or forward
     ├── CallbackError          the user's on_event callback raised (the turn was kept)
+    ├── ForkUnsupported        the harness (or this episode) has no way to fork; nothing started
+    ├── ForkDiverged           a replayed fork's harness asked otherwise than the parent's had
     └── WorkerLost             a vector worker or Ray actor died (``index`` names the sub-env)
 
 Harness faults inside ``reset``/``step`` become outcomes (``info["error_type"]``),
@@ -29,8 +31,10 @@ __all__ = [
     "BridgeError",
     "CallbackError",
     "CaptureError",
-    "EndpointError",
     "ConfigError",
+    "EndpointError",
+    "ForkDiverged",
+    "ForkUnsupported",
     "HarnessCrashed",
     "HarnessError",
     "HarnessStartError",
@@ -119,6 +123,16 @@ class EndpointError(HarnessError):
 
 class CallbackError(HarnessError):
     """The ``on_event`` callback raised; the turn it watched was finished and recorded."""
+
+
+class ForkUnsupported(HarnessError):
+    """``HarnessEnv.fork`` cannot fork this episode: the message names the harness and what it
+    lacks (a way to resume a copy of its session, a record, room under ``max_fork_bytes``)."""
+
+
+class ForkDiverged(HarnessError):
+    """With ``fork(strict=True)``, a replayed model request differed from the parent's (the
+    message says which call and what differed); the child was closed."""
 
 
 class WorkerLost(HarnessError):

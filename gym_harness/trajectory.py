@@ -208,6 +208,8 @@ class Trajectory:
         calls: In model mode, every model call of the episode (``ModelCall``), in order.
         sandbox: The protections the episode's harness ran under: ``{"tier", "enforced":
             [layer, ...], "missing": {layer: why}}`` (README, "Confinement").
+        forked_from: A forked episode's parent: ``{"episode_id", "step"}`` (the parent's
+            steps when it was forked; README, "Forking"); ``None`` for an episode of its own.
     """
 
     episode_id: str
@@ -218,6 +220,7 @@ class Trajectory:
     reset_s: float = 0.0
     calls: list[ModelCall] = field(default_factory=list)
     sandbox: Mapping[str, Any] = field(default_factory=dict)
+    forked_from: Mapping[str, Any] | None = None
 
     @property
     def events(self) -> list[HarnessEvent]:
@@ -281,6 +284,7 @@ class Trajectory:
             "outcome": self.outcome,
             "reset_s": self.reset_s,
             "sandbox": dict(self.sandbox),
+            "forked_from": None if self.forked_from is None else dict(self.forked_from),
         }
 
     def to_record(
@@ -292,13 +296,16 @@ class Trajectory:
         total_s: float,
         fault: Outcome | None = None,
         error: str = "",
+        group_id: str | None = None,
     ) -> dict[str, Any]:
         """Return the rollout record of the episode (JSON-ready; one line of the output).
 
         The keys of ``to_dict()``, then ``env_id``, ``episode_index``, ``seed``,
         ``messages`` (each turn's user message and reply, as chat messages),
-        ``error_type`` and ``error`` (the last turn's, ``""`` if none), and ``timings``
-        (``reset_s``, ``turns_s``, ``total_s``). An episode still running is recorded
+        ``error_type`` and ``error`` (the last turn's, ``""`` if none), ``timings``
+        (``reset_s``, ``turns_s``, ``total_s``), and ``group_id``, ``parent_id`` and
+        ``fork_step`` (a grouped rollout's fork: its group, ``forked_from``'s episode id
+        and step; ``None`` otherwise). An episode still running is recorded
         with ``outcome`` ``"max_turns"``: the rollout, not the harness, stopped it.
 
         Args:
@@ -310,6 +317,7 @@ class Trajectory:
                 (``Outcome.WORKER_LOST``: the worker running it died); it becomes the
                 record's ``outcome`` and ``error_type``.
             error: With ``fault``, what happened.
+            group_id: The group of a grouped rollout's fork (its prefix's episode id).
 
         Returns:
             The record.
@@ -336,6 +344,9 @@ class Trajectory:
                 "turns_s": [t["elapsed_s"] for t in turns],
                 "total_s": total_s,
             },
+            group_id=group_id,
+            parent_id=None if self.forked_from is None else self.forked_from["episode_id"],
+            fork_step=None if self.forked_from is None else self.forked_from["step"],
         )
         if self.calls:  # model mode: the message-level shape trainers consume
             record["calls"] = [call_record(call) for call in self.calls]

@@ -24,18 +24,20 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import CallbackError, ConfigError
 from gym_harness.events import HarnessEvent
 from gym_harness.outcome import Outcome
-from gym_harness.trajectory import RewardContext, RewardFn, Trajectory
+from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
 from gym_harness.utils.imports import import_attr
 
 __all__ = [
     "CallbackGuard",
     "RewardRunner",
+    "TurnScorer",
     "UserFnRunner",
     "describe",
     "summary",
@@ -60,6 +62,35 @@ def summary(exc: BaseException) -> str:
         last = frames[-1]
         text += f" (at {last.filename}:{last.lineno} in {last.name})"
     return text
+
+
+class TurnScorer:
+    """Scores turns with the env's current ``reward_fn`` (a new one gets a new runner).
+
+    Args:
+        timeout_s: ``HarnessConfig.reward_timeout_s``.
+    """
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self.runner: RewardRunner | None = None
+
+    def score(
+        self,
+        reward_fn: RewardFn,
+        record: TurnRecord,
+        dirs: tuple[Path, Path],
+        task: Mapping[str, Any] | None,
+    ) -> TurnRecord:
+        """``record`` scored by ``reward_fn`` (its faults become the record's outcome).
+
+        Args:
+            dirs: The episode's workspace and its directory of hidden task files.
+            task: The episode's task as a dict, if any.
+        """
+        if self.runner is None or self.runner.reward_fn is not reward_fn:
+            self.runner = RewardRunner(reward_fn, self.timeout_s)
+        return record.scored(*self.runner(record.reward_context(*dirs, task)))
 
 
 class RewardRunner:

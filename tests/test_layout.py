@@ -23,6 +23,9 @@ MODEL_MODE = "gym_harness.model"
 #: Parts above the env: the only importers of ``gym_harness.env``, with the public surface
 #: (the root package, and the registration that names the env as gymnasium's entry point).
 ABOVE_ENV = ("gym_harness.rollout", "gym_harness.vector", "gym_harness.registration")
+#: What the fork part must not import: it reaches the env and its processes through the
+#: ``spawn`` and the parts ``HarnessEnv.fork`` hands it.
+FORK_MUST_NOT_IMPORT = ("gym_harness.env", "gym_harness.process", "gym_harness.loopback")
 #: What the process layer may import: it knows nothing of episodes, tools or models.
 PROCESS_MAY_IMPORT = (
     "gym_harness.process",
@@ -230,6 +233,17 @@ def test_only_the_loopback_layer_runs_event_loops() -> None:
             ):
                 found.append(f"{name}:{node.lineno} {ast.unparse(node.func)}")
     assert found == []
+
+
+def test_forks_reach_the_env_and_its_processes_only_through_what_they_are_handed() -> None:
+    """``fork/`` gets a ``spawn`` and the episode's parts from the env: it imports neither the
+    env nor the process layer (children are made and ended through their env)."""
+    wrong = {
+        name: sorted(t for t in targets if _within(t, FORK_MUST_NOT_IMPORT))
+        for name, targets in import_graph().items()
+        if _within(name, ("gym_harness.fork",))
+    }
+    assert {name: targets for name, targets in wrong.items() if targets} == {}
 
 
 def test_nothing_below_the_env_imports_the_env() -> None:

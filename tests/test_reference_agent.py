@@ -133,7 +133,7 @@ def start_agent(tmp_path: Path) -> Iterator[Any]:
     def start(args: list[str] | None = None, env: dict[str, str] | None = None) -> Agent:
         agent = Agent(args or [], env or agent_env(None), tmp_path / f"stderr-{len(agents)}")
         agents.append(agent)
-        assert agent.next_event() == {"type": "ready"}
+        assert agent.next_event() == {"type": "ready", "fork": True}
         return agent
 
     try:

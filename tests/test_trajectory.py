@@ -34,6 +34,7 @@ RECORD_KEYS = [
     "outcome",
     "reset_s",
     "sandbox",
+    "forked_from",
     "env_id",
     "episode_index",
     "seed",
@@ -42,6 +43,9 @@ RECORD_KEYS = [
     "error_type",
     "error",
     "timings",
+    "group_id",
+    "parent_id",
+    "fork_step",
 ]
 
 

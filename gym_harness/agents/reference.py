@@ -40,6 +40,11 @@ event per model reply. A failing model endpoint gives an ``error`` event and a
 Input that is not JSON gets an ``error`` event and is otherwise ignored, as are
 objects whose type is not ``message``.
 
+Forking: the ready line says ``"fork": true``. The ``openai`` policy keeps its history
+in ``$HOME/.gym_harness/reference-history.json`` after every turn, and a process started
+with ``GYM_HARNESS_FORKED_FROM`` set (its home a copy of the parent episode's) goes on
+from that history; the ``scripted`` policy keeps no state between turns.
+
 Startup time matters (a reset waits for ``ready``), so only ``json``, ``os`` and
 ``sys`` are imported at the top; the MCP client is imported lazily, and that
 import is warmed in a background thread right after ``ready``. Nothing is
@@ -70,6 +75,34 @@ class _StdoutClosed(Exception):
 
 class _ModelError(Exception):
     """The model endpoint failed or answered something we cannot use."""
+
+
+def _history_path() -> str:
+    return os.path.join(os.path.expanduser("~"), ".gym_harness", "reference-history.json")
+
+
+def _saved_history() -> list[dict[str, Any]]:
+    """The history a forked process goes on from (``GYM_HARNESS_FORKED_FROM`` is set)."""
+    if not os.environ.get("GYM_HARNESS_FORKED_FROM"):
+        return []
+    try:
+        with open(_history_path(), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return []  # the parent had no turn of the openai policy yet
+    return [m for m in saved if isinstance(m, dict)] if isinstance(saved, list) else []
+
+
+def _save_history(messages: list[dict[str, Any]]) -> None:
+    """Keep the history where a fork's copy of the home finds it (written whole)."""
+    path = _history_path()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(messages, f)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        _emit({"type": "error", "message": f"could not save the history for forks: {exc}"})
 
 
 def _emit(event: dict[str, Any]) -> None:
@@ -156,8 +189,8 @@ class OpenAIPolicy:
         self._api_key = os.environ.get(args.api_key_env, "")
         self._max_tool_calls = args.max_tool_calls
         self._timeout_s = args.request_timeout
-        self._messages: list[dict[str, Any]] = []
-        if args.system_prompt:
+        self._messages: list[dict[str, Any]] = _saved_history()
+        if args.system_prompt and not self._messages:
             self._messages.append({"role": "system", "content": args.system_prompt})
         self._functions: list[dict[str, Any]] | None = None
         self._http: Any = None
@@ -173,6 +206,7 @@ class OpenAIPolicy:
             _emit({"type": "error", "message": str(exc)})
             _emit({"type": "turn_complete", "response": str(exc), "done": False})
             return
+        _save_history(self._messages)
         _emit({"type": "turn_complete", "response": response, "done": False})
 
     def close(self) -> None:
@@ -343,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parse_args(argv)
     try:
-        _emit({"type": "ready"})
+        _emit({"type": "ready", "fork": True})
     except _StdoutClosed:
         return 0
     tools = MCPTools(

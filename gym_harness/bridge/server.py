@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.tools import Tool, ToolResult
 
+    from gym_harness.config import HarnessConfig
+
 __all__ = ["MCPBridge", "ToolCallResult"]
 
 _STOP_TIMEOUT_S = 1.0
@@ -111,6 +113,28 @@ class MCPBridge(RotatingToken):
         >>> with MCPBridge([add]) as bridge:  # doctest: +SKIP
         ...     env["GYM_HARNESS_MCP_URL"], env["GYM_HARNESS_MCP_TOKEN"] = bridge.url, bridge.token
     """
+
+    @classmethod
+    def for_env(
+        cls,
+        tools: Any,
+        prefix: str,
+        tool_timeout_s: float,
+        builtin_names: Iterable[str],
+        config: HarnessConfig,
+        lock: threading.Lock,
+    ) -> MCPBridge:
+        """The bridge of an env: its harness's built-in tool names kept clear, the sessions
+        and tool workers ``config`` allows, and locked tools run holding ``lock``."""
+        return cls(
+            tools,
+            builtin_names=builtin_names,
+            prefix=prefix,
+            tool_timeout_s=tool_timeout_s,
+            lock=lock,
+            max_sessions=config.max_mcp_sessions,
+            tool_workers=config.tool_workers,
+        )
 
     def __init__(
         self,

@@ -31,23 +31,54 @@ Once per episode the env:
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
+from gym_harness.errors import ForkUnsupported
 from gym_harness.events import HarnessEvent
+from gym_harness.utils.trees import copy_tree
 
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
 
-__all__ = ["SIDE_MODEL", "EpisodeContext", "Feed", "Harness", "HarnessSession", "Launch"]
+__all__ = [
+    "FORKED_FROM_VAR",
+    "SIDE_MODEL",
+    "EpisodeContext",
+    "Feed",
+    "ForkOrigin",
+    "Harness",
+    "HarnessSession",
+    "Launch",
+]
+
+#: The variable a forked episode's harness is started with: the parent episode's id.
+FORKED_FROM_VAR = "GYM_HARNESS_FORKED_FROM"
 
 #: The model name adapters give their CLI's small or fast model in model mode, so that
 #: its side calls (titles, summaries) are told apart from the agent's own calls.
 SIDE_MODEL = "gym-side"
+
+
+@dataclass(frozen=True)
+class ForkOrigin:
+    """The episode a turn-mode fork resumes (``Harness.forked``).
+
+    Args:
+        episode_id: The parent episode's id.
+        directory: The parent episode's directory (``workspace/`` and ``home/`` in it).
+        session: What the parent's session said a fork needs (``Harness.fork_session``:
+            the CLI's session id ...).
+    """
+
+    episode_id: str
+    directory: Path
+    session: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -219,6 +250,40 @@ class Harness(ABC):
     name: ClassVar[str] = ""
     #: Tool names the harness already has; a clashing env tool is renamed.
     builtin_tools: ClassVar[frozenset[str]] = frozenset()
+    #: Patterns of what the harness itself puts in its model requests differently each run
+    #: (a tool's wall time): a replayed fork compares requests with their matches blanked.
+    replay_noise: ClassVar[tuple[str, ...]] = ()
+    #: On the copy ``forked`` makes: the episode its next launch resumes.
+    fork_origin: ForkOrigin | None = None
+
+    def fork_session(self, session: HarnessSession | None) -> dict[str, str]:
+        """What a turn-mode fork of the episode ``session`` runs needs to resume a copy of it
+        (``ForkOrigin.session``); adapters of harnesses that can resume say so here.
+
+        Raises:
+            ForkUnsupported: This harness (or this session) cannot be forked: the message
+                names the harness and what it lacks.
+        """
+        raise ForkUnsupported(
+            f"the {self.name!r} harness cannot fork a turn-mode episode: it has no way to "
+            "resume a copy of its saved session. Fork in mode='model' (replay) instead."
+        )
+
+    def forked(self, origin: ForkOrigin) -> Harness:
+        """A copy of this harness whose launches resume ``origin``: the episode's workspace
+        and home start as copies of the parent's (``resume_copy``), and the harness is told."""
+        twin = copy.copy(self)
+        twin.fork_origin = origin
+        return twin
+
+    def resume_copy(self, ctx: EpisodeContext) -> ForkOrigin | None:
+        """In ``launch``, first: make ``ctx``'s workspace and home copies of the parent's
+        (a forked launch; the adapter's own config files are then written over them)."""
+        origin = self.fork_origin
+        if origin is not None:
+            copy_tree(origin.directory / "workspace", ctx.workspace)
+            copy_tree(origin.directory / "home", ctx.home)
+        return origin
 
     def default_config(self) -> HarnessConfig:
         """The config this harness runs with before the user's overrides."""

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
+from gym_harness.errors import ForkUnsupported
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     api_ports,
@@ -136,8 +139,19 @@ class ClaudeCodeHarness(Harness):
             }
         }
 
+    def fork_session(self, session: HarnessSession | None) -> dict[str, str]:
+        """Claude Code resumes a fork of the session its ``init`` line named
+        (``--resume ID --fork-session``), from a copy of its config directory."""
+        if isinstance(session, ClaudeCodeSession) and session.session_id:
+            return {"session_id": session.session_id}
+        raise ForkUnsupported(
+            f"the {self.name!r} harness cannot fork this episode yet: Claude Code has not named "
+            "its session (its init line comes with the first turn). Step once, then fork."
+        )
+
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
         """Write the private MCP config; return the ``claude -p`` command, env and session."""
+        origin = self.resume_copy(ctx)
         mcp_path = write_private(ctx.home / "mcp.json", json.dumps(self.mcp_config(ctx)))
         allowed = [f"mcp__{ctx.server_name}__{name}" for name in ctx.tool_names]
         allowed += self.allowed_tools
@@ -160,6 +174,9 @@ class ClaudeCodeHarness(Harness):
             command += ["--model", self.model]
         if self.permission_mode:
             command += ["--permission-mode", self.permission_mode]
+        if origin is not None:
+            move_project(ctx.home / ".claude" / "projects", origin.directory / "workspace", ctx)
+            command += ["--resume", origin.session["session_id"], "--fork-session"]
         command += self.extra_args
 
         env = {
@@ -191,6 +208,18 @@ class ClaudeCodeHarness(Harness):
         config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
         session = ClaudeCodeSession(ctx, plain_text=config.allow_plain_text)
         return Launch(config, session, connect_ports=api_ports(ctx, self.base_url))
+
+
+def move_project(projects: Path, parent: Path, ctx: EpisodeContext) -> None:
+    """Rename the copied home's project directory (Claude Code files a session under its
+    cwd, every character but letters and digits made a dash) to the child's workspace."""
+
+    def dashed(path: Path) -> str:
+        return re.sub("[^A-Za-z0-9]", "-", str(path))
+
+    source = projects / dashed(parent)
+    if source.is_dir():
+        source.rename(projects / dashed(ctx.workspace))
 
 
 def claude_model_mode_env(ctx: EpisodeContext) -> dict[str, str]:

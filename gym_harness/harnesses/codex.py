@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_harness.config import HarnessConfig
+from gym_harness.errors import ForkUnsupported
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
@@ -106,6 +107,8 @@ class CodexHarness(Harness):
     """
 
     name: ClassVar[str] = "codex"
+    #: Codex reports each tool call's wall time in its result.
+    replay_noise: ClassVar[tuple[str, ...]] = (r"Wall time: [0-9.]+ seconds",)
 
     def __init__(
         self,
@@ -163,10 +166,24 @@ class CodexHarness(Harness):
             "config": {"mcp_servers": {ctx.server_name: self.mcp_server_entry(ctx)}},
         }
 
+    def fork_session(self, session: HarnessSession | None) -> dict[str, str]:
+        """Codex forks the thread its session started (``thread/fork``), from a copy of
+        ``CODEX_HOME``, where the thread's rollout is kept."""
+        if isinstance(session, CodexSession) and session.thread_id:
+            return {"thread_id": session.thread_id}
+        raise ForkUnsupported(
+            f"the {self.name!r} harness cannot fork this episode: Codex has no thread yet "
+            "(its handshake did not finish); reset, then fork."
+        )
+
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
         """Write ``CODEX_HOME/config.toml``; return the ``codex app-server`` command and session."""
+        origin = self.resume_copy(ctx)
         codex_home = ctx.home / "codex"
         codex_home.mkdir(mode=0o700, exist_ok=True)
+        if origin is not None:  # its databases name the parent's paths: the rollouts tell
+            for state in codex_home.glob("*.sqlite*"):
+                state.unlink()
         env = {**private_home_env(ctx.home), "CODEX_HOME": str(codex_home)}
         env[TOKEN_VAR] = ctx.bridge_token
         inherit = tuple(n for n in config.inherit_env if n not in ("CODEX_HOME", TOKEN_VAR))
@@ -206,7 +223,10 @@ class CodexHarness(Harness):
         command = [executable, *self.extra_args, "app-server"]
         config = config.replace(command=command, env={**env, **config.env}, inherit_env=inherit)
         ports = api_ports(ctx, base_url or DEFAULT_OPENAI_BASE)
-        return Launch(config, CodexSession(ctx, self.thread_params(ctx)), connect_ports=ports)
+        params = self.thread_params(ctx)
+        if origin is not None:  # a fork of the parent's thread instead of a new one
+            params["threadId"] = origin.session["thread_id"]
+        return Launch(config, CodexSession(ctx, params), connect_ports=ports)
 
     def _catalog(self) -> dict[str, Any] | None:
         if isinstance(self.model_catalog, dict):
@@ -221,7 +241,8 @@ class CodexSession(HarnessSession):
 
     Args:
         ctx: The episode (its env tools and MCP server name).
-        thread_params: The ``thread/start`` parameters (``CodexHarness.thread_params``).
+        thread_params: The ``thread/start`` parameters (``CodexHarness.thread_params``);
+            with a ``threadId``, the ``thread/fork`` parameters of a fork of that thread.
     """
 
     def __init__(self, ctx: EpisodeContext, thread_params: Mapping[str, Any]) -> None:
@@ -295,10 +316,13 @@ class CodexSession(HarnessSession):
             return Feed(
                 replies=[
                     self._rpc.notification("initialized"),
-                    self._rpc.request("thread/start", self._thread_params),
+                    self._rpc.request(
+                        "thread/fork" if "threadId" in self._thread_params else "thread/start",
+                        self._thread_params,
+                    ),
                 ]
             )
-        if method == "thread/start":
+        if method in ("thread/start", "thread/fork"):
             self.thread_id = result.get("thread", {}).get("id")
             return self._maybe_list()
         if method == "mcpServerStatus/list":

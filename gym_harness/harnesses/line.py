@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import ClassVar
 
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
-from gym_harness.errors import ConfigError, ProtocolError
+from gym_harness.errors import ConfigError, ForkUnsupported, ProtocolError
 from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
-from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
+from gym_harness.harnesses.base import (
+    FORKED_FROM_VAR,
+    EpisodeContext,
+    Feed,
+    Harness,
+    HarnessSession,
+    Launch,
+)
 from gym_harness.utils.bounded_json import (
     parse_object,  # not _common's alias: one frame less per line
 )
@@ -57,9 +64,22 @@ class CommandHarness(Harness):
                 f"The {self.name!r} harness needs a command: pass command=['prog', 'arg', ...]."
             )
 
+    def fork_session(self, session: HarnessSession | None) -> dict[str, str]:
+        """A command can be forked when its ready line said ``"fork": true``."""
+        if isinstance(session, CommandSession) and session.forkable:
+            return {}
+        raise ForkUnsupported(
+            f"the {self.name!r} harness cannot fork this turn-mode episode: its ready line did "
+            'not say "fork": true (line protocol, "Forking"), so it may keep its state where '
+            "a copy of its workspace and home cannot reach. Fork in mode='model' instead."
+        )
+
     def launch(self, ctx: EpisodeContext, config: HarnessConfig) -> Launch:
         self.check_config(config)
+        origin = self.resume_copy(ctx)
         env = {**config.env, MCP_URL_VAR: ctx.bridge_url, MCP_TOKEN_VAR: ctx.bridge_token}
+        if origin is not None:
+            env[FORKED_FROM_VAR] = origin.episode_id
         if ctx.model_base_url:  # capture: the harness's model calls go through the proxy
             env[MODEL_URL_VAR] = ctx.model_base_url
             env[MODEL_KEY_VAR] = ctx.model_api_key or ""
@@ -78,6 +98,8 @@ class CommandSession(HarnessSession):
     def __init__(self, *, plain_text: bool = False) -> None:
         self._plain_text = plain_text
         self._texts: list[str] = []
+        #: The ready line said ``"fork": true`` (the harness can be forked in turn mode).
+        self.forkable = False
 
     def message_lines(self, text: str) -> list[str]:
         self._texts = []
@@ -97,6 +119,7 @@ class CommandSession(HarnessSession):
             )
         kind = obj.pop("type")
         if kind == "ready":
+            self.forkable = obj.get("fork") is True
             return Feed(ready=True)
         if kind == "turn_complete":
             response = obj.get("response")

@@ -124,6 +124,10 @@ class ModelTurns:
         endpoint.start()
         return cls(endpoint, user_fn)
 
+    def stop(self) -> None:
+        """Stop the endpoint (the env's ``close``)."""
+        self.endpoint.stop()
+
     def new_key(self, proxy: ModelProxy | None = None) -> str:
         """A new episode's key for the endpoint; calls of earlier episodes are refused.
 

@@ -18,7 +18,7 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from gym_harness.process import keeper_client as _keeper_client
@@ -91,6 +91,11 @@ class EnvResources:
         """Have ``release`` stop ``service`` (a loopback server); return it."""
         self.services.append(service)
         return service
+
+    def start(self, make: Callable[..., S], *args: Any) -> S:
+        """``make(*args)`` (a service that runs once made) and owned, whole: both or neither."""
+        with interrupts_held():
+            return self.own(make(*args))
 
     def hold_keeper(self) -> None:
         """Hold a keeper for this env's harnesses, once (not one per reset)."""

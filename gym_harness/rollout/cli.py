@@ -40,6 +40,7 @@ from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
 from gym_harness.rollout.console import Console, Progress
+from gym_harness.rollout.groups import group_settings
 from gym_harness.rollout.keywords import check_keywords, keywords_text
 from gym_harness.rollout.local import (
     DEFAULT_FOLLOW_UP,
@@ -242,6 +243,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --capture: ask the upstream for logprobs (default: off)",
     )
+    roll.add_argument(
+        "--group",
+        type=int,
+        help="fork each episode's prefix G ways (default: no fork; see --fork-at)",
+    )
+    roll.add_argument("--fork-at", type=int, default=0, help="with --group: steps before the fork")
     return parser
 
 
@@ -374,12 +381,16 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             upstream_api_key_env=args.upstream_key_env,
             request_logprobs=args.logprobs,
         )
-    model = _model_settings(args, kwargs)
+    model = {**_model_settings(args, kwargs), **group_settings(args.group, args.fork_at)}
     if args.ray is None:
         return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, model)
     from gym_harness.rollout.ray import ray_rollout
 
-    remote = {"address": args.ray or None, **({**model, "policy": args.policy} if model else {})}
+    remote = {
+        "address": args.ray or None,
+        **model,
+        **({"policy": args.policy} if args.policy else {}),
+    }
     return _write_rollout(args, kwargs, tasks, max_turns, ray_rollout, remote)
 
 
@@ -397,7 +408,7 @@ def _write_rollout(
     ends: a run that fails never truncates an existing file. One that fails after
     some records keeps them in ``OUT.partial``.
     """
-    total = len(tasks) * args.n
+    total = len(tasks) * args.n * (args.group or 1)
     progress = Progress(total, sys.stderr)
     target = Path(args.out)
     written = 0

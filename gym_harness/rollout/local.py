@@ -1,7 +1,8 @@
 """Rollouts: many episodes of a task file, one JSON record each (``gym-harness rollout``).
 
-``run_episode`` runs one episode on an env and returns its record
-(``Trajectory.to_record()``). ``schedule`` runs a rollout's episodes on a bounded
+``run_episode`` (``rollout/episode.py``) runs one episode on an env and returns its
+record (``Trajectory.to_record()``); ``run_task`` (``rollout/groups.py``) runs a grouped
+one (a prefix forked ``group`` ways) when asked. ``schedule`` runs a rollout's episodes on a bounded
 pool of workers and writes each record as its episode finishes. The local rollout
 (``local_rollout``: harness envs in this process) and the Ray rollout
 (``gym_harness.rollout.ray.ray_rollout``: envs in Ray actors) are this one scheduler with
@@ -21,16 +22,25 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO, cast
+from typing import Any, Protocol, TextIO
 
 import gymnasium
 
-from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
+from gym_harness.rollout.episode import (
+    DEFAULT_FOLLOW_UP,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MAX_TURNS,
+    DEFAULT_N,
+    DEFAULT_SEED,
+    Policy,
+    load_policy,
+    run_episode,
+)
+from gym_harness.rollout.groups import group_settings, run_task
 from gym_harness.tasks import Task
 from gym_harness.trajectory import Trajectory
-from gym_harness.utils.imports import import_attr
 
 __all__ = [
     "Episode",
@@ -50,102 +60,6 @@ __all__ = [
 
 #: How long ``schedule`` waits for its worker threads once it stops early (a raise, Ctrl-C).
 JOIN_TIMEOUT_S = 60.0
-#: The defaults of a rollout, the same for ``local_rollout``, ``ray_rollout`` and
-#: ``gym-harness rollout``: one episode per task, the first seeded 0, one turn each
-#: (the task's prompt), and the message of any later turn.
-DEFAULT_N, DEFAULT_SEED, DEFAULT_MAX_TURNS, DEFAULT_FOLLOW_UP = 1, 0, 1, "Continue."
-#: Model mode: steps (model calls answered) per episode at most, unless told otherwise.
-DEFAULT_MAX_STEPS = 100
-
-#: Model mode: ``policy(request) -> action``; the request is the observation as a dict, the
-#: action a str or a dict (sent as its JSON text). See the README's "You are the model".
-Policy = Callable[[dict[str, Any]], "str | Mapping[str, Any]"]
-
-
-def run_episode(
-    env: gymnasium.Env[str, str],
-    task: dict[str, Any],
-    *,
-    env_id: str,
-    seed: int = DEFAULT_SEED,
-    index: int = 0,
-    max_turns: int = DEFAULT_MAX_TURNS,
-    follow_up: str = DEFAULT_FOLLOW_UP,
-    policy: Policy | str | None = None,
-    max_steps: int = DEFAULT_MAX_STEPS,
-) -> dict[str, Any]:
-    """Run one episode of ``task``: the prompt, then ``follow_up`` until it ends.
-
-    With ``policy`` (an env made with ``mode="model"``), each step's action is instead
-    ``policy(request)`` for the model call the observation holds, until the episode ends
-    (more user turns come from the env's ``user_fn``).
-
-    Args:
-        env: A harness env (``gymnasium.make`` of a gym_harness id, wrappers allowed).
-        task: The task as a dict (``Task.to_dict()``), passed as ``options["task"]``.
-        env_id: The env id written into the record.
-        seed: The seed of the episode's reset.
-        index: Which episode of this task it is (0 .. n-1).
-        max_turns: At most this many turns; the rollout then stops the episode.
-        follow_up: The message of every turn after the first.
-        policy: Model mode: ``policy(request: dict) -> str | dict`` (a dict is sent as
-            its JSON text), or its import string ``"pkg.module:fn"``.
-        max_steps: Model mode: at most this many steps (model calls answered).
-
-    Returns:
-        The rollout record (``Trajectory.to_record()``). ``outcome`` is
-        ``"max_turns"`` when the rollout, not the harness, ended the episode.
-
-    Raises:
-        ConfigError: ``policy`` cannot be imported or is not callable.
-        TypeError: ``policy`` returned neither a str nor a dict.
-    """
-    started = time.monotonic()
-    prompt, _ = env.reset(seed=seed, options={"task": task})
-    if policy is not None:
-        _answer_calls(env, prompt, load_policy(policy), max_steps)
-    else:
-        message = prompt
-        for _ in range(max_turns):
-            _, _, terminated, truncated, _ = env.step(message)
-            if terminated or truncated:
-                break
-            message = follow_up
-    return HarnessEnv.of(env).trajectory.to_record(
-        env_id=env_id, index=index, seed=seed, total_s=time.monotonic() - started
-    )
-
-
-def load_policy(policy: Policy | str) -> Policy:
-    """``policy`` itself, or the callable its import string ``"pkg.module:fn"`` names.
-
-    Raises:
-        ConfigError: The import fails, or what it names is not callable.
-    """
-    found = import_attr(policy, "policy") if isinstance(policy, str) else policy
-    if not callable(found):
-        raise ConfigError(f"policy must be a callable or an import string, got {found!r}.")
-    return cast(Policy, found)
-
-
-def _answer_calls(env: gymnasium.Env[str, str], obs: str, policy: Policy, max_steps: int) -> None:
-    """Model mode: answer each model call with ``policy`` until the episode ends."""
-    for _ in range(max_steps):
-        try:
-            request = json.loads(obs)
-        except ValueError:
-            request = None
-        if isinstance(request, dict) and request.get("request_id"):
-            action = policy(request)
-            if isinstance(action, Mapping):
-                action = json.dumps(action)
-            if not isinstance(action, str):
-                raise TypeError(f"policy must return a str or a dict, got {type(action)!r}.")
-        else:  # no model call (the harness did not start): the step records why
-            action = ""
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            return
 
 
 @dataclass(frozen=True)
@@ -178,8 +92,9 @@ class EpisodeWorker(Protocol):
     comes from another.
     """
 
-    def run(self, episode: Episode) -> dict[str, Any]:
-        """Run ``episode`` and return its record (``Trajectory.to_record()``).
+    def run(self, episode: Episode) -> dict[str, Any] | list[dict[str, Any]]:
+        """Run ``episode`` and return its record (``Trajectory.to_record()``), or a grouped
+        episode's records (one per fork).
 
         Raises:
             WorkerLost: The worker died; the episode is recorded as ``worker_lost``
@@ -263,8 +178,9 @@ def _in_turn(
         for episode in plan:
             if worker is None:
                 worker = new_worker()
-            record, worker = _run(worker, episode, env_id)
-            write(record)
+            records, worker = _run(worker, episode, env_id)
+            for record in records:
+                write(record)
     finally:
         if worker is not None:
             worker.close()
@@ -272,13 +188,14 @@ def _in_turn(
 
 def _run(
     worker: EpisodeWorker, episode: Episode, env_id: str
-) -> tuple[dict[str, Any], EpisodeWorker | None]:
-    """The episode's record, and the worker if it is still usable (closed if not)."""
+) -> tuple[list[dict[str, Any]], EpisodeWorker | None]:
+    """The episode's records, and the worker if it is still usable (closed if not)."""
     try:
-        return worker.run(episode), worker
+        done = worker.run(episode)
     except WorkerLost as exc:
         worker.close()
-        return _lost_record(episode, env_id, str(exc)), None
+        return [_lost_record(episode, env_id, str(exc))], None
+    return (done if isinstance(done, list) else [done]), worker
 
 
 def _lost_record(episode: Episode, env_id: str, error: str) -> dict[str, Any]:
@@ -358,10 +275,11 @@ class _Threads:
                 if worker is None:
                     worker = self.new_worker()
                     self._hold(slot, worker)
-                record, worker = _run(worker, episode, self.env_id)
+                records, worker = _run(worker, episode, self.env_id)
                 if worker is None:
                     self._hold(slot, None)
-                self._put(record)
+                for record in records:
+                    self._put(record)
         except BaseException as exc:  # the first failure ends the rollout, in the caller
             self._put(exc)
         finally:
@@ -401,6 +319,8 @@ def local_rollout(
     concurrency: int = 1,
     policy: Policy | str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    group: int | None = None,
+    fork_at: int = 0,
 ) -> int:
     """Run ``n`` episodes of every task on envs in this process; write JSONL.
 
@@ -422,9 +342,15 @@ def local_rollout(
         policy: Model mode (``env_kwargs`` with ``mode="model"``): answers each model
             call (see ``run_episode``); an import string is imported here, once.
         max_steps: Model mode: steps per episode at most.
+        group: Fork each episode ``group`` ways after ``fork_at`` steps and record the
+            forks (``rollout/groups.py``; README, "Forking"); ``None``: no forks.
+        fork_at: With ``group``, the steps the shared prefix takes.
 
     Returns:
         How many records were written.
+
+    Raises:
+        ConfigError: A bad ``group`` or ``fork_at``.
 
     Example:
         >>> import io
@@ -434,6 +360,7 @@ def local_rollout(
         1
     """
     settings: dict[str, Any] = {"max_turns": max_turns, "follow_up": follow_up}
+    settings.update(group_settings(group, fork_at))
     if policy is not None:
         settings.update(policy=load_policy(policy), max_steps=max_steps)
 
@@ -459,9 +386,9 @@ class _LocalWorker:
         self.env: gymnasium.Env[str, str] = gymnasium.make(env_id, **env_kwargs)
         self.env_id, self.settings = env_id, settings
 
-    def run(self, episode: Episode) -> dict[str, Any]:
+    def run(self, episode: Episode) -> dict[str, Any] | list[dict[str, Any]]:
         task = episode.task.to_dict()
-        return run_episode(
+        return run_task(
             self.env,
             task,
             env_id=self.env_id,

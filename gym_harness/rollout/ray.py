@@ -1,27 +1,23 @@
 """Harness envs on a Ray cluster (the optional extra ``gym_harness[ray]``).
 
-``RayVectorEnv`` is a ``gymnasium.vector.VectorEnv`` whose sub-envs live in Ray
-actors placed anywhere in the cluster; ``ray_rollout`` is what
-``gym-harness rollout --ray [ADDRESS]`` runs: the same records as the local
-rollout, spread over a pool of actors.
+``RayVectorEnv`` is a ``gymnasium.vector.VectorEnv`` whose sub-envs live in Ray actors
+placed anywhere in the cluster; ``ray_rollout`` is what ``gym-harness rollout --ray
+[ADDRESS]`` runs: the same records as the local rollout, spread over a pool of actors.
 
-Each actor holds one harness env, so its harness processes run on the actor's
-node: the harness CLIs (and gym_harness itself) must be installed on every node.
-An actor that dies (its node lost, ``ray.kill``, an out-of-memory kill) is an
-outcome, not an exception: its step reports ``terminated`` with
-``info["error_type"] == "worker_lost"``, and a fresh actor replaces it at the
-next reset. The harness of a killed actor dies with it and its workspace is
-removed (by its keeper, as for any owner of a ``HarnessProcess`` that dies): the
-actors run with Ray's ``RAY_kill_child_processes_on_worker_exit`` off, since with it
-an exiting Ray worker SIGKILLs its direct children, the keepers, before they can.
+Each actor holds one harness env, so its harness processes run on the actor's node: the
+harness CLIs (and gym_harness itself) must be installed on every node. An actor that dies
+(its node lost, ``ray.kill``, an out-of-memory kill) is an outcome, not an exception: its
+step reports ``terminated`` with ``info["error_type"] == "worker_lost"``, and a fresh actor
+replaces it at the next reset. The harness of a killed actor dies with it and its workspace
+is removed (by its keeper, as for any owner of a ``HarnessProcess`` that dies): the actors
+run with Ray's ``RAY_kill_child_processes_on_worker_exit`` off, since with it an exiting Ray
+worker SIGKILLs its direct children, the keepers, before they can.
 
-Large inputs go through the object store: ``ray.put`` stores the env keywords
-and each task once in the driver's node, and the actors get only ``ObjectRef``s.
-Ray resolves a ref passed as a call argument by pulling the object into the
-local node's store once; every later call on that node that names the same ref
-reads the local copy. So a task with megabytes of workspace files crosses the
-network once per node, not once per episode, and it does not come back either:
-the actor drops ``task`` from the record and the driver puts its own copy in.
+Large inputs go through the object store: ``ray.put`` stores the env keywords and each
+task once, the actors get ``ObjectRef``s, and Ray pulls each into a node's store once for
+every later call there. So a task with megabytes of workspace files crosses the network
+once per node, not once per episode, and does not come back: the actor drops ``task``
+from the record and the driver puts its own copy in.
 
 Threads: one caller thread drives a ``RayVectorEnv`` (as for gymnasium's vector
 envs); the actors run their envs in their own processes.
@@ -43,7 +39,8 @@ from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
 from gym_harness.rollout import local
-from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, run_episode, schedule
+from gym_harness.rollout.groups import group_settings, run_task
+from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, schedule
 from gym_harness.tasks import Task
 from gym_harness.utils.imports import import_optional
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
@@ -126,11 +123,10 @@ class _EnvWorker:
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, float(reward), bool(terminated), bool(truncated), info
 
-    def episode(self, task: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def episode(self, task: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
         assert self.env is not None
-        record = run_episode(self.env, task, **kwargs)
-        record["task"] = None  # the driver has it: large task files never travel back
-        return record
+        # The driver has the task: large task files never travel back.
+        return run_task(self.env, task, keep_task=False, **kwargs)
 
     def describe(self) -> dict[str, Any]:
         import ray
@@ -379,6 +375,8 @@ def ray_rollout(
     timeout_s: float = 3600.0,
     policy: Callable[..., Any] | str | None = None,
     max_steps: int = local.DEFAULT_MAX_STEPS,
+    group: int | None = None,
+    fork_at: int = 0,
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
@@ -406,6 +404,8 @@ def ray_rollout(
         timeout_s: The longest one episode may take before its actor is killed.
         policy: Model mode, as for ``run_episode`` (each actor runs the policy).
         max_steps: Model mode: steps per episode at most.
+        group: Fork each episode's prefix this many ways (as for ``local_rollout``).
+        fork_at: With ``group``: steps before the fork.
 
     Returns:
         How many records were written.
@@ -413,6 +413,7 @@ def ray_rollout(
     Raises:
         ConfigError: Ray is missing, or the env cannot be made on a worker.
     """
+    grouping = group_settings(group, fork_at)
     plan = episodes(tasks, n, seed)
     if not plan:
         return 0
@@ -425,7 +426,7 @@ def ray_rollout(
         pool = _Pool(env_id, env_kwargs, resources)
         spare.append(pool.new())
         pool.check(spare[0], timeout_s)
-        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up)
+        settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up, **grouping)
         if policy is not None:
             settings.update(policy=policy, max_steps=max_steps)
         mission = _Mission(pool, tasks, settings, timeout_s)
@@ -472,22 +473,23 @@ class _RayEpisodes:
         self.mission, self.actor = mission, actor
         self.lost = False
 
-    def run(self, episode: Episode) -> dict[str, Any]:
+    def run(self, episode: Episode) -> list[dict[str, Any]]:
         mission, ray = self.mission, self.mission.pool.ray
         task_id = episode.task.id
         ref = self.actor.episode.remote(
             mission.refs[task_id], seed=episode.seed, index=episode.index, **mission.settings
         )
         try:
-            record: dict[str, Any] = ray.get(ref, timeout=mission.timeout_s)
+            records: list[dict[str, Any]] = ray.get(ref, timeout=mission.timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             self.lost = True
             raise WorkerLost(f"no result within {mission.timeout_s:g} s") from exc
         except ray.exceptions.RayActorError as exc:
             self.lost = True
             raise WorkerLost(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-        record["task"] = mission.tasks[task_id]  # the actor sent none back
-        return record
+        for record in records:
+            record["task"] = mission.tasks[task_id]  # the actor sent none back
+        return records
 
     def abort(self) -> None:
         ray = self.mission.pool.ray

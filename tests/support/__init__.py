@@ -18,6 +18,7 @@ __all__ = [
     "CONFINED_PROBE",
     "HARNESS_SCRIPT",
     "HOSTILE_SCRIPT",
+    "LIGHT_MODEL_AGENT",
     "LINE_AGENT",
     "MODEL_AGENT",
     "OWNER_SCRIPT",
@@ -40,3 +41,6 @@ OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
 #: A line-protocol harness whose model is the env (model mode; ``side``/``stall``/``retry``
 #: words, ``--ask-at-start``).
 MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"
+#: A line-protocol harness whose model is the env, on the standard library alone (two
+#: model calls a turn; ``--pause S`` between them): it starts in milliseconds.
+LIGHT_MODEL_AGENT = SUPPORT / "scripts" / "light_model_agent.py"

@@ -148,6 +148,8 @@ class ScriptedModelServer:
         model: Model name reported when the request names none.
         every_turn: Call the tool again in each new user turn (only results since the
             last user message count), instead of once per conversation.
+        recall: Answer ``"you said: <every user message, in order, joined by " | ">"``:
+            what the whole conversation holds (the fork tests tell whose turns it saw).
     """
 
     def __init__(
@@ -157,8 +159,10 @@ class ScriptedModelServer:
         arguments: dict[str, Any] | None = None,
         model: str = "scripted-model",
         every_turn: bool = False,
+        recall: bool = False,
     ) -> None:
         self.model = model
+        self._recall = recall
         self._lock = threading.Condition()
         self._log: list[LoggedRequest] = []
         self._queue: deque[Action] = deque()
@@ -354,7 +358,7 @@ class ScriptedModelServer:
             offered = [n for n in convo.tools if n.endswith(tool)]
             if offered and not any(name.endswith(tool) for name, _ in results):
                 return Reply(tool=offered[0], arguments=arguments)
-        said = f"you said: {convo.prompt}"
+        said = f"you said: {' | '.join(convo.prompts) if self._recall else convo.prompt}"
         if convo.results:
             return Reply(text=f"tool said: {convo.results[-1][1]}; {said}")
         return Reply(text=said)
@@ -367,6 +371,7 @@ class ScriptedModelServer:
 class _Conversation:
     tools: list[str] = field(default_factory=list)
     prompt: str = ""  # the last user text
+    prompts: list[str] = field(default_factory=list)  # every user text, in order
     results: list[tuple[str, str]] = field(default_factory=list)  # (tool name, result text)
     results_since_prompt: list[tuple[str, str]] = field(default_factory=list)
 
@@ -376,6 +381,7 @@ class _Conversation:
 
     def add_prompt(self, text: str) -> None:
         self.prompt = text
+        self.prompts.append(text)
         self.results_since_prompt = []
 
 

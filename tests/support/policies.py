@@ -17,3 +17,11 @@ def add_then_answer(request: dict[str, Any]) -> str | dict[str, Any]:
 def not_an_action(request: dict[str, Any]) -> Any:
     """Returns neither a str nor a dict."""
     return 42
+
+
+def add_twice_then_answer(request: dict[str, Any]) -> str | dict[str, Any]:
+    """Call ``add(2, 3)`` until two results are in, then answer (three calls an episode)."""
+    results = [m for m in request["messages"] if m["role"] == "tool"]
+    if len(results) >= 2:
+        return f"The sum is {results[-1]['content']}, twice."
+    return {"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}

@@ -1,0 +1,75 @@
+"""Turn mode's fork: a copy of the episode's directories, and the harness resuming its session.
+
+The harness's model is not the env's in turn mode, so nothing can be replayed: the child
+starts from a copy of the parent's workspace and private home (copy-on-write where the
+filesystem can), and its harness resumes a fork of the session it saved there, by the
+harness's own mechanism (its adapter's ``Harness.fork_session`` says what that needs;
+``Harness.forked`` makes the launch that resumes it). A harness without one, or an
+episode whose directories hold more than ``max_fork_bytes``, raises ``ForkUnsupported``
+before anything starts.
+
+Threads: the caller's thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gym_harness.errors import ForkUnsupported
+from gym_harness.fork.parent import Forkable, Parent, child_trajectory
+from gym_harness.harnesses.base import ForkOrigin
+from gym_harness.utils.trees import tree_bytes
+
+__all__ = ["resume"]
+
+
+def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, Any]]:
+    """Fork a turn-mode episode by resuming a copy of its session.
+
+    Returns:
+        ``(child, observation, info)``: the observation is the parent's last reply (the
+        task's prompt before any turn); ``info`` is the child's reset's, with ``"fork"``.
+
+    Raises:
+        ForkUnsupported: The harness has no way to resume a copy of its session (the
+            message names it and what it lacks), or the episode's workspace and home
+            hold more than ``max_fork_bytes``; nothing started.
+    """
+    started = time.monotonic()
+    before = parent.trajectory
+    child = parent.spawn(user_fn=parent.user_fn)  # an env starts nothing before its reset
+    try:
+        plain = child.harness
+        state = plain.fork_session(None if parent.runner is None else parent.runner.session)
+        limit = child.config.max_fork_bytes
+        size = tree_bytes([directory / "workspace", directory / "home"], limit)
+        if size > limit:
+            raise ForkUnsupported(
+                f"episode {before.episode_id}'s workspace and home hold more than "
+                f"max_fork_bytes={limit} bytes (at least {size}), which a fork of it would "
+                "copy: raise max_fork_bytes, or fork in mode='model' (replay copies nothing)."
+            )
+        child.harness = plain.forked(ForkOrigin(before.episode_id, directory, state))
+        try:
+            _, info = child.reset(options=parent.options)
+        finally:
+            child.harness = plain  # its later episodes are its own
+    except BaseException:
+        child.close()
+        raise
+    took = time.monotonic() - started
+    child.trajectory = child_trajectory(parent, child.trajectory, len(before.turns), took)
+    task = before.task or {}
+    reply = before.turns[-1].response if before.turns else str(task.get("prompt", ""))
+    info["fork"] = {
+        "method": "native",
+        "parent": before.episode_id,
+        "step": len(before.turns),
+        "replayed": 0,
+        "diverged_at": None,
+        "difference": "",
+        "elapsed_s": took,
+    }
+    return child, reply, info
