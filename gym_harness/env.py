@@ -149,6 +149,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             tool_timeout_s=tool_timeout_s,
             capture=capture,
             upstream=upstream,
+            capture_tokens=self.config.capture_tokens,
         )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
@@ -336,8 +337,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     @property
     def workspace(self) -> Path | None:
         """The current episode's workspace directory (``None`` before reset)."""
-        current = self._owned.current
-        return None if current is None else current / "workspace"
+        return None if (current := self._owned.current) is None else current / "workspace"
 
     @property
     def process(self) -> HarnessProcess | None:
@@ -361,7 +361,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
 
                 if self._proxy is None:
                     with interrupts_held():  # started and owned, or neither
-                        proxy = start_proxy(*self._capture, self.config.capture_max_bytes)
+                        proxy = start_proxy(*self._capture, self.config)
                         self._proxy = self._owned.own(proxy)
                 proxy = self._proxy
                 proxy.drain()  # exchanges of an earlier episode's last moments

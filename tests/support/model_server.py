@@ -148,6 +148,9 @@ class ScriptedModelServer:
         model: Model name reported when the request names none.
         every_turn: Call the tool again in each new user turn (only results since the
             last user message count), instead of once per conversation.
+        token_ids: Answer a Chat Completions ``"return_token_ids": true`` as vLLM does
+            (``prompt_token_ids`` at the top, ``token_ids`` per choice); ``False`` ignores
+            it, as a hosted API does.
     """
 
     def __init__(
@@ -157,8 +160,10 @@ class ScriptedModelServer:
         arguments: dict[str, Any] | None = None,
         model: str = "scripted-model",
         every_turn: bool = False,
+        token_ids: bool = True,
     ) -> None:
         self.model = model
+        self.token_ids = token_ids
         self._lock = threading.Condition()
         self._log: list[LoggedRequest] = []
         self._queue: deque[Action] = deque()
@@ -321,6 +326,8 @@ class ScriptedModelServer:
             _send_json(h, action.status, action.body, content_type=action.content_type)
             return
         reply = action if isinstance(action, Reply) else self._scripted(api, body)
+        if not self.token_ids and isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "return_token_ids"}
         events = _RENDER[api](reply, body, model, stream)
         if not stream:
             if isinstance(action, Stall):
