@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import pytest
+from support import TOKEN_AGENT
 from support.model_server import ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
@@ -32,45 +32,6 @@ from gym_harness.errors import ConfigError
 KEY_VAR = "GYM_TEST_TOKENS_KEY"
 PIECES = ["you", " said:", " x", " y"]
 TOKEN_FIELDS = ("prompt_token_ids", "token_ids", '"logprob"')
-
-# A line-protocol agent: per message, one side call (the side model, as adapters name a
-# CLI's small model) and one main call, streamed unless argv says "plain"; it reports
-# the bytes of both answers, so the test sees exactly what the harness's client got.
-AGENT = textwrap.dedent(
-    """
-    import json, os, sys
-    import httpx2
-
-    def emit(obj):
-        sys.stdout.write(json.dumps(obj) + "\\n")
-        sys.stdout.flush()
-
-    stream = sys.argv[1:] != ["plain"]
-    url = os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
-    headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
-    client = httpx2.Client(timeout=30, trust_env=False)
-    emit({"type": "ready"})
-    with client:
-        for line in sys.stdin:
-            content = json.loads(line)["content"]
-            user = [{"role": "user", "content": content}]
-            side = client.post(url, headers=headers,
-                               json={"model": "gym-side", "messages": user})
-            body = {"model": "m", "stream": stream, "messages": user}
-            with client.stream("POST", url, json=body, headers=headers) as resp:
-                received = b"".join(resp.iter_raw())
-            emit({"type": "answers", "side": side.text, "main": received.decode()})
-            text = ""
-            if not stream:
-                text = json.loads(received)["choices"][0]["message"]["content"]
-            for event in received.decode().split("\\n\\n") if stream else ():
-                data = event.partition("data: ")[2]
-                if data and data != "[DONE]":
-                    for choice in json.loads(data).get("choices") or []:
-                        text += choice["delta"].get("content") or ""
-            emit({"type": "turn_complete", "response": text})
-    """
-)
 
 
 @pytest.fixture
@@ -149,7 +110,7 @@ def test_without_capture_tokens_nothing_is_asked(srv: ScriptedModelServer) -> No
 
 
 def test_capture_tokens_without_capture_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="capture_tokens=True .* needs capture=True"):
+    with pytest.raises(ConfigError, match=r"capture_tokens=True .* needs capture=True"):
         HarnessEnv("reference", capture_tokens=True)
     with pytest.raises(ConfigError, match="capture_tokens must be a bool"):
         HarnessEnv("reference", capture=True, upstream="http://127.0.0.1:9", capture_tokens=1)
@@ -195,13 +156,11 @@ def test_the_stripper_passes_through_what_is_no_json_and_bounds_what_it_holds() 
 
 
 def agent_env(srv: ScriptedModelServer, tmp_path: Path, plain: bool) -> HarnessEnv:
-    script = tmp_path / "agent.py"
-    script.write_text(AGENT)
     return HarnessEnv(
         "reference",
         policy="openai",  # the adapter then hands OPENAI_BASE_URL / OPENAI_API_KEY on
         model="m",
-        command=[sys.executable, str(script), *(["plain"] if plain else [])],
+        command=[sys.executable, str(TOKEN_AGENT), *(["plain"] if plain else [])],
         capture=True,
         upstream=srv.base_url,
         capture_tokens=True,

@@ -22,6 +22,7 @@ __all__ = [
     "MODEL_AGENT",
     "OWNER_SCRIPT",
     "SUPPORT",
+    "TOKEN_AGENT",
 ]
 
 #: This directory.
@@ -40,3 +41,6 @@ OWNER_SCRIPT = SUPPORT / "scripts" / "owner.py"
 #: A line-protocol harness whose model is the env (model mode; ``side``/``stall``/``retry``
 #: words, ``--ask-at-start``).
 MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"
+#: A line-protocol harness making one side call and one main Chat Completions call per
+#: message (``plain``: not streamed); it reports the answers' bytes (token-capture tests).
+TOKEN_AGENT = SUPPORT / "scripts" / "token_agent.py"
