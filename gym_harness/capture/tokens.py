@@ -19,11 +19,13 @@ from typing import Any
 
 from gym_harness.utils import bounded_json
 
-__all__ = ["MAX_HELD_BYTES", "TokenStripper", "ask_for_tokens"]
+__all__ = ["MAX_EVENT_BYTES", "MAX_HELD_BYTES", "TokenStripper", "ask_for_tokens"]
 
-#: Most bytes a stripper holds back at once (a whole JSON answer, or one SSE event);
-#: past it the rest of the answer goes to the harness as the upstream sent it.
+#: Most bytes a stripper holds back of a JSON answer (it is held whole); past it the rest
+#: of the answer goes to the harness as the upstream sent it.
 MAX_HELD_BYTES = 32 * 1024 * 1024
+#: Most bytes it holds back of one SSE event (a chunk is a few hundred bytes).
+MAX_EVENT_BYTES = 1024 * 1024
 #: The request fields that ask for tokens, and the value that asks.
 _ASK = (("return_token_ids", True), ("logprobs", True))
 
@@ -54,50 +56,62 @@ class TokenStripper:
     Feed it the answer's body as it arrives; it returns what to send on. A JSON answer
     is held whole (it is one object) and rewritten at :meth:`end`; a stream is rewritten
     event by event, each sent on as soon as its blank line arrives. Anything it cannot
-    read (not JSON, ``[DONE]``, an event over :data:`MAX_HELD_BYTES`) is sent as it came.
+    read (not JSON, ``[DONE]``, more than ``max_held`` bytes) is sent as it came.
 
     Args:
         added: The fields the proxy added to the request.
         streamed: The answer is a server-sent event stream.
-        max_held: Most bytes held back at once.
+        max_held: Most bytes held back at once (default :data:`MAX_EVENT_BYTES` for a
+            stream, :data:`MAX_HELD_BYTES` for a JSON answer).
     """
 
-    def __init__(
-        self, added: tuple[str, ...], streamed: bool, max_held: int = MAX_HELD_BYTES
-    ) -> None:
+    def __init__(self, added: tuple[str, ...], streamed: bool, max_held: int | None = None) -> None:
         self.ids = "return_token_ids" in added
         self.logprobs = "logprobs" in added
         self.streamed = streamed
-        self.max_held = max_held
-        self._held = b""
+        self.max_held = max_held or (MAX_EVENT_BYTES if streamed else MAX_HELD_BYTES)
+        self._parts: list[bytes] = []  # held back, in order (joined once: no quadratic copy)
+        self._size = 0
         self._passing = False  # gave up (too large): the rest goes through as it is
 
     def feed(self, data: bytes) -> bytes:
         """What of ``data`` (and the bytes held before it) can go to the harness now."""
         if self._passing:
             return data
-        self._held += data
-        if len(self._held) > self.max_held:
+        self._hold(data)
+        # An event can end only where a line does: without a newline, nothing to look for.
+        out = self._events() if self.streamed and b"\n" in data else b""
+        if self._size > self.max_held:
             self._passing = True
-            out, self._held = self._held, b""
-            return out
-        if not self.streamed:
-            return b""
-        out = []
-        while True:
-            cut = _event_end(self._held)
-            if cut < 0:
-                break
-            event, self._held = self._held[:cut], self._held[cut:]
-            out.append(self._event(event))
-        return b"".join(out)
+            out += self._release()
+        return out
 
     def end(self) -> bytes:
         """The rest, at the answer's end."""
-        held, self._held = self._held, b""
+        held = self._release()
         if self._passing or not held:
             return held
         return self._event(held) if self.streamed else self._json(held)
+
+    def _hold(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+
+    def _release(self) -> bytes:
+        held = b"".join(self._parts)
+        self._parts, self._size = [], 0
+        return held
+
+    def _events(self) -> bytes:
+        """The complete events held, rewritten; the start of the next stays held."""
+        held = self._release()
+        events: list[bytes] = []
+        while (cut := _event_end(held)) >= 0:
+            events.append(self._event(held[:cut]))
+            held = held[cut:]
+        if held:
+            self._hold(held)
+        return b"".join(events)
 
     def _event(self, event: bytes) -> bytes:
         lines = event.split(b"\n")

@@ -14,8 +14,26 @@ It is the only part that imports ``openenv``, and nothing in the package imports
 env and may import any part; it must never be imported by one.
 """
 
-from gym_harness.openenv.adapter import ModelModeAdapter
-from gym_harness.openenv.session import (
+from importlib.metadata import PackageNotFoundError, version
+
+#: The openenv release this part is written and tested against.
+OPENENV_VERSION = "0.10.0"
+_INSTALL = (
+    "pip install 'gym_harness[openenv]' && pip install --no-deps 'openenv==0.10.0' "
+    "(openenv 0.10.0 pins fastmcp<4, which gym_harness's fastmcp>=4.1 excludes; its harness "
+    "module runs on fastmcp 4)"
+)
+try:
+    _found = version("openenv")
+except PackageNotFoundError:
+    raise ImportError(f"gym_harness.openenv needs openenv {OPENENV_VERSION}: {_INSTALL}") from None
+if _found != OPENENV_VERSION:
+    raise ImportError(
+        f"gym_harness.openenv is written for openenv {OPENENV_VERSION}, found {_found}: {_INSTALL}"
+    )
+
+from gym_harness.openenv.adapter import ModelModeAdapter  # noqa: E402
+from gym_harness.openenv.session import (  # noqa: E402
     EnvSession,
     HarnessSessionFactory,
     TextLevelTrace,
@@ -23,6 +41,7 @@ from gym_harness.openenv.session import (
 )
 
 __all__ = [
+    "OPENENV_VERSION",
     "EnvSession",
     "HarnessSessionFactory",
     "ModelModeAdapter",

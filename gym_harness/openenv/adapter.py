@@ -152,7 +152,8 @@ def _session(session: ResourceSession, *, model_mode: bool) -> EnvSession:
 
 def _tool(spec: dict[str, Any]) -> Tool:
     """An observation's tool (OpenAI function schema) as OpenEnv's ``Tool``."""
-    function = spec.get("function") if isinstance(spec.get("function"), dict) else spec
+    inner = spec.get("function")
+    function: dict[str, Any] = inner if isinstance(inner, dict) else spec
     return Tool(
         name=str(function.get("name", "")),
         description=str(function.get("description") or ""),
