@@ -13,8 +13,10 @@ object in ``test_openenv.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,9 @@ from support import MODEL_AGENT
 
 from gym_harness import HarnessEnv, RewardContext
 from gym_harness.traces import record_trace, training_trace
+
+#: The worktree: the subprocesses import the package from here.
+WORKTREE = Path(__file__).resolve().parent.parent
 
 
 def add(a: int, b: int) -> int:
@@ -148,6 +153,48 @@ def test_import_gym_harness_loads_no_trainer_library() -> None:
         "print(loaded)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(WORKTREE)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+#: Hides any installed openenv (a finder that looks in the working directory only), then
+#: imports the bridge to it.
+WITHOUT_OPENENV = """
+import importlib.machinery, os, sys
+
+class NoInstalledOpenEnv:
+    def find_spec(self, name, path=None, target=None):
+        if name == "openenv" or name.startswith("openenv."):
+            return importlib.machinery.PathFinder.find_spec(name, [os.getcwd()])
+        return None
+
+sys.meta_path.insert(0, NoInstalledOpenEnv())
+import gym_harness
+try:
+    import gym_harness.openenv
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_without_the_extra_the_bridge_says_how_to_install_it(tmp_path: Path) -> None:
+    (tmp_path / "openenv").mkdir()  # a stray folder of the same name is no install either
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_OPENENV],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(WORKTREE)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.startswith("gym_harness.openenv needs openenv 0.10.0: pip install "), (
+        done.stdout + done.stderr
+    )
+    assert "--no-deps 'openenv==0.10.0'" in done.stdout

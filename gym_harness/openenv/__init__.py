@@ -25,7 +25,8 @@ _INSTALL = (
 )
 try:
     _found = version("openenv")
-except PackageNotFoundError:
+    import openenv.core.harness  # noqa: F401  (a folder named openenv is no install)
+except (PackageNotFoundError, ImportError):
     raise ImportError(f"gym_harness.openenv needs openenv {OPENENV_VERSION}: {_INSTALL}") from None
 if _found != OPENENV_VERSION:
     raise ImportError(
