@@ -239,6 +239,21 @@ def test_a_captured_black_box_rollout_is_trainable() -> None:
     assert verified.env_reward == 0.25 and verified.metrics["token_level"] is True
 
 
+@pytest.mark.timeout(60)
+def test_a_harness_that_fails_to_start_is_an_outcome_with_its_reward() -> None:
+    """A harness fault is no exception out of the rollout: the env's outcome, scored."""
+    factory = HarnessSessionFactory(
+        {"harness": "command", "mode": "model"},
+        command=[sys.executable, "-c", "pass"],  # exits before it is ready
+        reward_fn=reward,
+        startup_timeout_s=20,
+    )
+    out, policies = rollout(factory, ["hello"])
+    assert policies[0].seen == []  # no model call was made, so no step was asked for
+    assert out["completion_ids"] == [[]] and out["env_reward"] == [0.25]
+    assert out["verify_metrics"][0]["outcome"] == "startup_failed"
+
+
 def test_bad_configuration_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match="env id"):
         HarnessSessionFactory(42)  # type: ignore[arg-type]

@@ -74,6 +74,11 @@ class ModelModeAdapter(HarnessAdapter):
         observation = json.loads(ours.observation)
         info: dict[str, Any] = {"error_type": "", "error": ""}
         total_calls, steps = 0, 0
+        if not observation.get("request_id") and not ours.env.trajectory.turns:
+            # The turn ended (or the harness failed to start) before any model call: one
+            # step records it as the env's outcome, scored like any turn.
+            ours.observation, _, _, _, info = ours.env.step("")
+            observation = json.loads(ours.observation)
         while steps < limits.max_turns and observation.get("request_id"):
             tools = [_tool(t) for t in observation.get("tools") or ()]
             sampling = {**(observation.get("sampling") or {}), **limits.sampling}
