@@ -53,7 +53,7 @@ def make_rollout_func(
 ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
     """TRL's ``rollout_func(prompts, trainer)``: one model-mode episode per prompt."""
     factory = HarnessSessionFactory(
-        {"harness": harness, "mode": "model"}, tools=[add], reward_fn=reward, turn_timeout_s=120
+        {"harness": harness, "mode": "model"}, tools=[add], reward_fn=reward
     )
     return build_harness_rollout_func(
         session_factory=factory,

@@ -164,12 +164,10 @@ def agent_env(srv: ScriptedModelServer, tmp_path: Path, plain: bool) -> HarnessE
         capture=True,
         upstream=srv.base_url,
         capture_tokens=True,
-        turn_timeout_s=30,
-        idle_timeout_s=20,
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("plain", [True, False])
 def test_the_trace_trains_main_calls_only_with_the_engines_ids(
     srv: ScriptedModelServer, tmp_path: Path, plain: bool
@@ -198,7 +196,7 @@ def test_the_trace_trains_main_calls_only_with_the_engines_ids(
     assert main["request"]["messages"] == [{"role": "user", "content": "x y"}]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_an_upstream_that_ignores_the_request_gives_a_text_level_trace(tmp_path: Path) -> None:
     with ScriptedModelServer(token_ids=False) as srv:
         env = agent_env(srv, tmp_path, plain=True)

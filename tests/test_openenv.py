@@ -91,7 +91,7 @@ class Policy:
 def reference_factory(**changes: Any) -> HarnessSessionFactory:
     calls = Calls()
     options = {"harness": "reference", "mode": "model", "tools": calls.tools()}
-    return HarnessSessionFactory(options, reward_fn=reward, turn_timeout_s=60, **changes)
+    return HarnessSessionFactory(options, reward_fn=reward, **changes)
 
 
 def rollout(
@@ -128,7 +128,7 @@ def assert_rows(out: dict[str, list[Any]], policies: list[Policy], prompts: int)
     assert out["env_reward"] == [0.75] * prompts
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_openenvs_rollout_func_returns_the_model_steps_ids_and_our_reward() -> None:
     prompts = ["please add 20 and 22", [{"role": "user", "content": "add 20 and 22"}]]
     out, policies = rollout(reference_factory(), prompts)
@@ -141,7 +141,7 @@ def test_openenvs_rollout_func_returns_the_model_steps_ids_and_our_reward() -> N
     assert all(m["outcome"] == "done" and m["token_level"] for m in out["verify_metrics"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_an_env_id_works_too_and_limits_are_kept() -> None:
     factory = HarnessSessionFactory(
         "gym_harness/Reference-v0", mode="model", tools=Calls().tools(), reward_fn=reward
@@ -167,14 +167,14 @@ def test_an_env_id_works_too_and_limits_are_kept() -> None:
         session.close()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_a_model_mode_session_is_trainable_and_its_trace_validates() -> None:
     factory = reference_factory()
     session = factory.create("please add 20 and 22")
     try:
         assert isinstance(session, ResourceSession) and isinstance(session, TrainableSession)
         assert [t.name for t in session.list_tools()] == ["add"]
-        assert session.call_tool("add", {"a": 1, "b": 2}).data in ("3", {"result": 3})
+        assert session.call_tool("add", {"a": 1, "b": 2}).data == {"result": 3}
         with pytest.raises(KeyError, match="no served tool"):
             session.call_tool("nope", {})
         policy = Policy()
@@ -192,7 +192,7 @@ def test_a_model_mode_session_is_trainable_and_its_trace_validates() -> None:
         assert turn.loss_mask == [0] * len(prompt) + [1] * len(completion)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_a_policy_without_ids_gives_a_text_level_trace_and_nothing_made_up() -> None:
     session = reference_factory().create("please add 20 and 22")
     try:
@@ -209,7 +209,7 @@ def test_a_policy_without_ids_gives_a_text_level_trace_and_nothing_made_up() -> 
     ] * 2
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_a_captured_black_box_rollout_is_trainable() -> None:
     with ScriptedModelServer() as srv:
         factory = HarnessSessionFactory(
@@ -219,12 +219,12 @@ def test_a_captured_black_box_rollout_is_trainable() -> None:
             upstream=srv.base_url,
             capture_tokens=True,
             reward_fn=reward,
-            turn_timeout_s=30,
+            turn_timeout_s=180,
         )
         session = factory.create({"id": "x", "prompt": "x y"})
         try:
             assert isinstance(session, TrainableSession)
-            assert session.wait_for_completion(timeout_s=60) == 0
+            assert session.wait_for_completion(timeout_s=180) == 0
             trace = session.fetch_training_trace()
             result = ModelModeAdapter().run_black_box(session)
             verified = session.verify(result.messages)
@@ -239,7 +239,7 @@ def test_a_captured_black_box_rollout_is_trainable() -> None:
     assert verified.env_reward == 0.25 and verified.metrics["token_level"] is True
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_a_harness_that_fails_to_start_is_an_outcome_with_its_reward() -> None:
     """A harness fault is no exception out of the rollout: the env's outcome, scored."""
     factory = HarnessSessionFactory(
@@ -263,7 +263,7 @@ def test_bad_configuration_says_what_to_do() -> None:
         ModelModeAdapter().run_white_box(Policy(), object())  # type: ignore[arg-type]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_session_mode_mismatches_are_config_errors() -> None:
     session = HarnessSessionFactory({"harness": "reference"}).create("hello")
     try:
