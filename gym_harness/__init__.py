@@ -56,6 +56,7 @@ from gym_harness.readiness import start_ready
 from gym_harness.registration import register_envs
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks
+from gym_harness.traces import record_trace
 from gym_harness.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
 from gym_harness.vector.async_env import HarnessVectorEnv
 from gym_harness.vector.factory import make_vector_env
@@ -148,6 +149,7 @@ __all__ = [
     "llm_exchanges",
     "load_tasks",
     "make_vector_env",
+    "record_trace",
     "register_envs",
     "resolve_tool_conflicts",
     "start_ready",

@@ -135,6 +135,11 @@ class HarnessConfig:
         capture_max_bytes: With ``capture``, each recorded model request and answer body is
             kept up to this many bytes (the record says ``truncated``); the harness still
             gets the whole answer.
+        capture_tokens: With ``capture``, ask an OpenAI-compatible Chat Completions upstream
+            (vLLM, SGLang) for the sampled token ids, the prompt's token ids and logprobs
+            (``return_token_ids``, ``logprobs``), record them with each exchange
+            (``Trajectory.training_trace()``), and take them back out of the answer the
+            harness gets. An upstream that ignores the request is recorded as text-level.
         max_mcp_sessions: MCP sessions one episode may open on the env's tool bridge at
             once; one more ``initialize`` gets a JSON-RPC error (open ones keep working).
         tool_workers: Threads the bridge runs sync env tools on, at most; a call that
@@ -184,6 +189,7 @@ class HarnessConfig:
     max_line_bytes: int = 8 * 1024 * 1024
     allow_plain_text: bool = False
     capture_max_bytes: int = 4 * 1024 * 1024
+    capture_tokens: bool = False
     max_mcp_sessions: int = 64
     tool_workers: int = 32
     cgroup: bool = True
@@ -251,7 +257,7 @@ class HarnessConfig:
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a positive int or None, got {value!r}."
                 )
-        for name in ("allow_plain_text", "cgroup"):
+        for name in ("allow_plain_text", "cgroup", "capture_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
@@ -361,6 +367,7 @@ def check_env_options(
     tool_timeout_s: float,
     capture: bool,
     upstream: str | None,
+    capture_tokens: bool = False,
 ) -> None:
     """Raise ``ConfigError`` saying what to fix in the first bad keyword, if any."""
     if render_mode not in (None, *render_modes):
@@ -373,4 +380,9 @@ def check_env_options(
         raise ConfigError(
             f"capture=True (or upstream= with mode='model') needs upstream='http(s)://host[:port]' "
             f"(the real API's origin), got {upstream!r}."
+        )
+    if capture_tokens and not capture:
+        raise ConfigError(
+            "capture_tokens=True asks the capture proxy's upstream for token ids: it needs "
+            "capture=True and upstream= (in mode='model' the policy's actions carry the ids)."
         )

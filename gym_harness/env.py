@@ -150,6 +150,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             tool_timeout_s=tool_timeout_s,
             capture=capture,
             upstream=upstream,
+            capture_tokens=self.config.capture_tokens,
         )
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
@@ -353,8 +354,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     @property
     def workspace(self) -> Path | None:
         """The current episode's workspace directory (``None`` before reset)."""
-        current = self._owned.current
-        return None if current is None else current / "workspace"
+        return None if (current := self._owned.current) is None else current / "workspace"
 
     @property
     def process(self) -> HarnessProcess | None:
@@ -377,8 +377,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 from gym_harness.capture.proxy import start_proxy
 
                 if self._proxy is None:
-                    limit = self.config.capture_max_bytes
-                    self._proxy = self._owned.start(start_proxy, *self._capture, limit)
+                    self._proxy = self._owned.start(start_proxy, *self._capture, self.config)
                 self._proxy.drain()  # exchanges of an earlier episode's last moments
                 model_base_url, model_api_key = self._proxy.base_url, self._proxy.rotate_token()
             if self._model_options is not None:  # side calls go to the proxy, if any

@@ -8,7 +8,7 @@ episode, locally or on Ray (a lost Ray worker's record included).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -363,6 +363,27 @@ class Trajectory:
                 return [*call.observation["messages"], assistant_message(call.completion)]
         return []
 
+    def training_trace(
+        self, is_side: Callable[[Mapping[str, Any]], bool] | None = None
+    ) -> dict[str, Any]:
+        """The episode's token-level training trace, a plain dict (``gym_harness.traces``).
+
+        One entry per main model call with the engine's own ids: in model mode from the
+        actions (``token_ids``, ``logprobs``, ``prompt_token_ids``), in capture mode from
+        the upstream's answers (``capture_tokens=True``). A call without them is listed
+        as text-level and the trace says ``token_level: False``; nothing is re-tokenised.
+        ``gym_harness.openenv.training_trace`` validates it as OpenEnv's ``TrainingTrace``.
+
+        Args:
+            is_side: Tells a captured side call from a main one (default: its request
+                names the side model); model mode's calls say so themselves.
+        """
+        from gym_harness.traces.training import training_trace
+
+        calls = [call_record(call) for call in self.calls]
+        events = [e.to_dict() for e in self.events]
+        return training_trace(calls, events, is_side=is_side, episode_id=self.episode_id)
+
     def _repr_html_(self) -> str:
         """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""
         from gym_harness.display import trajectory_html
@@ -409,7 +430,7 @@ def event_line(event: HarnessEvent) -> str | None:
 def call_record(call: ModelCall) -> dict[str, Any]:
     """One model call as a rollout record's ``calls`` entry: what the policy saw (messages,
     tools), what it answered (``completion``: content, tool calls, stop reason), and the
-    ``token_ids``/``logprobs``/``usage`` its action carried."""
+    ``token_ids``/``logprobs``/``prompt_token_ids``/``usage`` its action carried."""
     seen = call.observation or {}
     completion = call.to_dict()["completion"]
     return {
@@ -422,6 +443,7 @@ def call_record(call: ModelCall) -> dict[str, Any]:
         "completion": completion,
         "token_ids": call.token_ids,
         "logprobs": call.logprobs,
+        "prompt_token_ids": call.prompt_token_ids,
         "usage": call.usage,
         "error": call.error,
         "retries": call.retries,

@@ -22,7 +22,26 @@ _IMPORT_STRING = re.compile(r"(gym_harness(?:\.\w+)*):[\w.]+")
 MODEL_MODE = "gym_harness.model"
 #: Parts above the env: the only importers of ``gym_harness.env``, with the public surface
 #: (the root package, and the registration that names the env as gymnasium's entry point).
-ABOVE_ENV = ("gym_harness.rollout", "gym_harness.vector", "gym_harness.registration")
+ABOVE_ENV = (
+    "gym_harness.rollout",
+    "gym_harness.vector",
+    "gym_harness.registration",
+    "gym_harness.openenv",
+)
+#: The optional OpenEnv bridge (the extra ``gym_harness[openenv]``): the only importer of
+#: ``openenv``, and imported by nothing of the package (``import gym_harness`` never loads it).
+OPENENV_PART = "gym_harness.openenv"
+#: What the traces part (records in, a plain trace out) never imports.
+TRACES_MUST_NOT_IMPORT = (
+    "gym_harness.env",
+    "gym_harness.process",
+    "gym_harness.loopback",
+    "gym_harness.bridge",
+    "gym_harness.capture.proxy",
+    "gym_harness.model",
+    OPENENV_PART,
+    "openenv",
+)
 #: What the fork part must not import: it reaches the env and its processes through the
 #: ``spawn`` and the parts ``HarnessEnv.fork`` hands it.
 FORK_MUST_NOT_IMPORT = ("gym_harness.env", "gym_harness.process", "gym_harness.loopback")
@@ -253,6 +272,34 @@ def test_nothing_below_the_env_imports_the_env() -> None:
         if "gym_harness.env" in targets and not _within(name, ABOVE_ENV)
     )
     assert importers == ["gym_harness"]  # the public surface, and the parts above the env
+
+
+def test_nothing_imports_the_openenv_part_and_only_it_imports_openenv() -> None:
+    importers = sorted(
+        name
+        for name, targets in import_graph().items()
+        if not _within(name, (OPENENV_PART,)) and any(_within(t, (OPENENV_PART,)) for t in targets)
+    )
+    assert importers == []
+    found = []
+    for name, path in modules().items():
+        if _within(name, (OPENENV_PART,)):
+            continue
+        for target, _, line in _imported(name, path, ast.parse(path.read_text())):
+            if _within(target, ("openenv",)):
+                found.append(f"{name}:{line} imports {target}")
+    assert found == []
+
+
+def test_the_traces_part_reads_records_only() -> None:
+    found = []
+    for name, path in modules().items():
+        if not _within(name, ("gym_harness.traces",)):
+            continue
+        for target, _, line in _imported(name, path, ast.parse(path.read_text())):
+            if _within(target, TRACES_MUST_NOT_IMPORT):
+                found.append(f"{name}:{line} imports {target}")
+    assert found == []
 
 
 def _private_definitions(tree: ast.AST) -> set[str]:

@@ -48,6 +48,7 @@ class Call:
     relay: Redactor  # what to take out of the answer: the key, and the token if it went up
     cap: int  # each recorded body is kept up to this many bytes
     disconnect: asyncio.Future[Any] | None = None  # resolves when the harness hangs up
+    tokens: tuple[str, ...] = ()  # the token fields the proxy added (capture_tokens)
 
     def record(
         self,
@@ -75,6 +76,7 @@ class Call:
             "path": self.path,
             "request": request,
             "logprobs_added": self.added,
+            "tokens_asked": bool(self.tokens),
             "status": status,
             "outcome": outcome,
             "error": self.redact.scrub(error.encode()).decode() if error else "",

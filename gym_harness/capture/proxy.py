@@ -50,7 +50,9 @@ from gym_harness.lifecycle import Lifecycle
 from gym_harness.loopback.service import LoopbackService
 
 if TYPE_CHECKING:
+    from gym_harness.capture.tokens import TokenStripper
     from gym_harness.capture.upstream import UpstreamPool, UpstreamResponse
+    from gym_harness.config import HarnessConfig
     from gym_harness.events import TurnResult
 
 __all__ = [
@@ -100,6 +102,9 @@ class ModelProxy(LoopbackService):
             proxy token (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key``,
             or ``?key=``). ``None`` sends no credential upstream.
         request_logprobs: Add ``"logprobs": true`` to Chat Completions requests.
+        request_tokens: Ask Chat Completions upstreams for the engine's token ids and
+            logprobs (``capture/tokens.py``: ``return_token_ids``, ``logprobs``), record
+            them, and take what the harness did not ask for out of its copy of the answer.
         timeout_s: Longest silence from the upstream (before the answer starts or between
             two chunks) before the exchange is given up as ``"stalled"``.
         connect_timeout_s: Longest wait to connect to the upstream.
@@ -127,6 +132,7 @@ class ModelProxy(LoopbackService):
         *,
         api_key: str | None = None,
         request_logprobs: bool = False,
+        request_tokens: bool = False,
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
@@ -146,6 +152,7 @@ class ModelProxy(LoopbackService):
         self.max_request_bytes = max_request_bytes
         self.upstream = upstream.rstrip("/")
         self.request_logprobs = request_logprobs
+        self.request_tokens = request_tokens
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._api_key = api_key
@@ -282,6 +289,11 @@ class ModelProxy(LoopbackService):
             return
         if self.request_logprobs and path.endswith("/chat/completions"):
             call.content, call.added = add_logprobs(call.content)
+        if self.request_tokens and path.endswith("/chat/completions"):
+            from gym_harness.capture.tokens import ask_for_tokens
+
+            call.content, call.tokens = ask_for_tokens(call.content)
+            call.added = call.added or "logprobs" in call.tokens
         if self._token_upstream != token and carries(token, call.content, outgoing, query):
             self._token_upstream = token  # from now on the upstream may echo it
         if self._token_upstream == token:
@@ -347,6 +359,7 @@ class ModelProxy(LoopbackService):
         )
         chunks: list[bytes] = []
         kept, cap, size, held = 0, self.max_record_bytes, 0, b""
+        strip = _stripper(call, response)
         ttfb: float | None = None
         outcome, why = ("refused" if response.status >= 400 else "ok"), ""
         try:
@@ -359,7 +372,8 @@ class ModelProxy(LoopbackService):
                 chunk, held = redact.split(held + raw if held else raw)
                 if not chunk:
                     continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if out := strip.feed(chunk) if strip else chunk:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
                 size += len(chunk)
                 if kept < cap:  # the record keeps the first cap bytes; the harness gets all
                     chunks.append(chunk if kept + len(chunk) <= cap else chunk[: cap - kept])
@@ -369,7 +383,8 @@ class ModelProxy(LoopbackService):
                     break
             else:
                 if held:  # the stream ended: it was no secret after all
-                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                    out = strip.feed(held) if strip else held
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
                     size += len(held)
                     if kept < cap:
                         chunks.append(held[: cap - kept])
@@ -389,7 +404,8 @@ class ModelProxy(LoopbackService):
             self._keep(call.record(response.status, outcome, why, answer, ttfb, answer_bytes=size))
         if outcome in ("stalled", "dropped"):
             raise StreamBroken(why)  # uvicorn then closes the harness's connection mid-body
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        rest = strip.end() if strip else b""
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -441,8 +457,18 @@ class ModelProxy(LoopbackService):
 _QUIET = _QuietBrokenStreams()
 
 
+def _stripper(call: Call, response: UpstreamResponse) -> TokenStripper | None:
+    """What takes the token fields the proxy asked for out of the harness's answer."""
+    if not call.tokens or response.status >= 400:
+        return None
+    from gym_harness.capture.tokens import TokenStripper
+
+    streamed = response.header(b"content-type").startswith("text/event-stream")
+    return TokenStripper(call.tokens, streamed)
+
+
 def start_proxy(
-    upstream: str | None, key_env: str | None, logprobs: bool, max_record_bytes: int
+    upstream: str | None, key_env: str | None, logprobs: bool, config: HarnessConfig
 ) -> ModelProxy:
     """A started ``ModelProxy`` for an env's ``capture=True`` settings.
 
@@ -450,7 +476,8 @@ def start_proxy(
         upstream: The real API's origin.
         key_env: The variable holding the upstream's key (read here; it stays here).
         logprobs: Ask Chat Completions upstreams for logprobs.
-        max_record_bytes: The records' byte bound (``HarnessConfig.capture_max_bytes``).
+        config: The env's config: ``capture_max_bytes`` bounds the records,
+            ``capture_tokens`` asks the upstream for token ids.
 
     Raises:
         ConfigError: ``key_env`` is named but not set in this process.
@@ -459,7 +486,11 @@ def start_proxy(
     if key_env and key is None:
         raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
     proxy = ModelProxy(
-        str(upstream), api_key=key, request_logprobs=logprobs, max_record_bytes=max_record_bytes
+        str(upstream),
+        api_key=key,
+        request_logprobs=logprobs,
+        request_tokens=config.capture_tokens,
+        max_record_bytes=config.capture_max_bytes,
     )
     proxy.start()
     return proxy

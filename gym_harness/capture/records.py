@@ -86,6 +86,11 @@ class ModelExchange:
     whole), ``request_bytes`` and ``answer_bytes`` are the sizes on the wire. The real
     API key and the proxy token never appear in a record (replaced by ``[redacted]``).
     Times are seconds from the moment the whole request had reached the proxy.
+
+    ``token_ids`` and ``prompt_token_ids`` are the engine's own ids of the completion and
+    of the prompt, when the upstream returned them (vLLM and SGLang do when asked,
+    ``capture_tokens=True``); ``tokens_asked`` says the proxy asked for them, so a record
+    that asked and has none comes from an upstream that ignored the request.
     """
 
     seq: int
@@ -113,6 +118,8 @@ class ModelExchange:
     started_at: float
     ttfb_s: float | None
     total_s: float
+    prompt_token_ids: tuple[int, ...] = ()
+    tokens_asked: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
@@ -192,6 +199,7 @@ class _Answer:
     usage: dict[str, Any] = field(default_factory=dict)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
 
     def say(self, text: Any) -> None:
         if isinstance(text, str):
@@ -222,6 +230,8 @@ def _logprob(entry: dict[str, Any]) -> TokenLogprob:
 def _feed_chat(ans: _Answer, obj: dict[str, Any]) -> None:
     if obj.get("usage"):
         ans.usage = dict(obj["usage"])
+    if obj.get("prompt_token_ids") and not ans.prompt_ids:  # vLLM: a stream's first chunk
+        ans.prompt_ids = [int(t) for t in obj["prompt_token_ids"]]
     for choice in obj.get("choices") or []:
         part = choice.get("delta") or choice.get("message") or {}
         ans.say(part.get("content"))
@@ -348,6 +358,7 @@ def assemble(
     truncated: bool = False,
     request_bytes: int | None = None,
     answer_bytes: int | None = None,
+    tokens_asked: bool = False,
 ) -> ModelExchange:
     """Build the record of one exchange from the bytes that went up and came back.
 
@@ -369,6 +380,7 @@ def assemble(
         "ttfb_s": ttfb_s,
         "total_s": total_s,
         "truncated": truncated,
+        "tokens_asked": tokens_asked,
         **sizes,
     }
     try:
@@ -436,6 +448,7 @@ def _assemble(
         usage=ans.usage,
         logprobs=tuple(logprobs),
         token_ids=tuple(ans.token_ids),
+        prompt_token_ids=tuple(ans.prompt_ids),
     )
 
 

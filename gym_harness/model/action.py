@@ -4,7 +4,8 @@ An action is a ``str``. A string that parses as a JSON object with a ``content``
 ``tool_calls`` key is a message::
 
     {"content": str, "tool_calls": [{"id"?: str, "name": str, "arguments": object | str}],
-     "stop_reason"?: str, "token_ids"?: [int], "logprobs"?: [...], "usage"?: {...}}
+     "stop_reason"?: str, "token_ids"?: [int], "logprobs"?: [...], "prompt_token_ids"?: [int],
+     "usage"?: {...}}
 
 (a tool call in OpenAI's own shape, ``{"type": "function", "id", "function": {"name",
 "arguments"}}``, is accepted too, so an assistant message of the observation can be sent
@@ -111,6 +112,8 @@ class Completion:
         token_ids: The policy's token ids, kept for training (never sent to the harness).
         logprobs: The policy's log-probabilities, kept for training (never sent).
         usage: The policy's token counts, kept for training.
+        prompt_token_ids: The engine's own ids of the prompt it sampled from, kept for
+            training (never sent; nothing re-tokenises the messages).
     """
 
     content: str = ""
@@ -119,12 +122,13 @@ class Completion:
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[Any, ...] | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    prompt_token_ids: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the record of a call keeps this)."""
         out = asdict(self)
         out["tool_calls"] = [asdict(call) for call in self.tool_calls]
-        for key in ("token_ids", "logprobs"):
+        for key in ("token_ids", "logprobs", "prompt_token_ids"):
             out[key] = None if out[key] is None else list(out[key])
         return out
 
@@ -262,6 +266,7 @@ def _completion(
         token_ids=_trace(message, "token_ids", limits, ints=True),
         logprobs=_trace(message, "logprobs", limits, ints=False),
         usage=_usage(message.get("usage")),
+        prompt_token_ids=_trace(message, "prompt_token_ids", limits, ints=True),
     )
 
 
@@ -334,7 +339,7 @@ def _trace(
         raise InvalidAction(f"{key} holds {len(raw)} entries, over the limit of {limits.max_trace}")
     for entry in raw:
         if ints and (not isinstance(entry, int) or isinstance(entry, bool)):
-            raise InvalidAction(f"token_ids must be integers, got {_kind(entry)}")
+            raise InvalidAction(f"{key} must be integers, got {_kind(entry)}")
         if not ints and (isinstance(entry, bool) or not isinstance(entry, int | float | dict)):
             raise InvalidAction(f"logprobs entries must be numbers or objects, got {_kind(entry)}")
     return tuple(raw)

@@ -2,8 +2,8 @@
 
 A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
 observation the policy saw (messages, tools, sampling), the completion it gave, its
-``token_ids``/``logprobs``/``usage``, and how the exchange ended. :class:`CallLog`
-keeps them, in the order the calls arrived, under a count and a byte bound.
+``token_ids``/``logprobs``/``prompt_token_ids``/``usage``, and how the exchange ended.
+:class:`CallLog` keeps them, in the order the calls arrived, under a count and a byte bound.
 :class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
 counts the calls the policy left past ``policy_timeout_s`` since the last answer.
@@ -174,6 +174,12 @@ class ModelCall:
         return None if found is None else list(found)
 
     @property
+    def prompt_token_ids(self) -> list[int] | None:
+        """The engine's ids of the prompt this completion was sampled from, if reported."""
+        found = self.completion.prompt_token_ids if self.completion else None
+        return None if found is None else list(found)
+
+    @property
     def usage(self) -> dict[str, Any]:
         """The policy's token counts, when the action carried them."""
         return dict(self.completion.usage) if self.completion else {}
@@ -182,7 +188,7 @@ class ModelCall:
         """A JSON-ready dict; ``token_ids``/``logprobs``/``usage`` sit at the top level."""
         completion = self.completion.to_dict() if self.completion else None
         if completion is not None:
-            for key in ("token_ids", "logprobs", "usage"):
+            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids"):
                 completion.pop(key, None)
         return {
             "seq": self.seq,
@@ -194,6 +200,7 @@ class ModelCall:
             "completion": completion,
             "token_ids": self.token_ids,
             "logprobs": self.logprobs,
+            "prompt_token_ids": self.prompt_token_ids,
             "usage": self.usage,
             "status": self.status,
             "error": self.error,
@@ -211,7 +218,8 @@ def weight(request_bytes: int, completion: Completion | None) -> int:
     size = len(completion.content) + sum(
         len(c.name) + len(c.arguments_json) for c in completion.tool_calls
     )
-    size += 8 * (len(completion.token_ids or ()) + len(completion.logprobs or ()))
+    traces = (completion.token_ids, completion.logprobs, completion.prompt_token_ids)
+    size += 8 * sum(len(trace or ()) for trace in traces)
     return request_bytes + size + 256
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "MODEL_AGENT",
     "OWNER_SCRIPT",
     "SUPPORT",
+    "TOKEN_AGENT",
 ]
 
 #: This directory.
@@ -44,3 +45,6 @@ MODEL_AGENT = SUPPORT / "scripts" / "model_agent.py"
 #: A line-protocol harness whose model is the env, on the standard library alone (two
 #: model calls a turn; ``--pause S`` between them): it starts in milliseconds.
 LIGHT_MODEL_AGENT = SUPPORT / "scripts" / "light_model_agent.py"
+#: A line-protocol harness making one side call and one main Chat Completions call per
+#: message (``plain``: not streamed); it reports the answers' bytes (token-capture tests).
+TOKEN_AGENT = SUPPORT / "scripts" / "token_agent.py"

@@ -150,6 +150,9 @@ class ScriptedModelServer:
             last user message count), instead of once per conversation.
         recall: Answer ``"you said: <every user message, in order, joined by " | ">"``:
             what the whole conversation holds (the fork tests tell whose turns it saw).
+        token_ids: Answer a Chat Completions ``"return_token_ids": true`` as vLLM does
+            (``prompt_token_ids`` at the top, ``token_ids`` per choice); ``False`` ignores
+            it, as a hosted API does.
     """
 
     def __init__(
@@ -160,9 +163,11 @@ class ScriptedModelServer:
         model: str = "scripted-model",
         every_turn: bool = False,
         recall: bool = False,
+        token_ids: bool = True,
     ) -> None:
         self.model = model
         self._recall = recall
+        self.token_ids = token_ids
         self._lock = threading.Condition()
         self._log: list[LoggedRequest] = []
         self._queue: deque[Action] = deque()
@@ -325,6 +330,8 @@ class ScriptedModelServer:
             _send_json(h, action.status, action.body, content_type=action.content_type)
             return
         reply = action if isinstance(action, Reply) else self._scripted(api, body)
+        if not self.token_ids and isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "return_token_ids"}
         events = _RENDER[api](reply, body, model, stream)
         if not stream:
             if isinstance(action, Stall):
