@@ -16,20 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import Calls, cli_path, real_cli
+from support.cli import CLIS, Calls, cli_path, real_cli
 
 from gym_harness import HarnessEnv
 from gym_harness.harnesses.codex import CodexHarness
 
 PROMPT = "please add 20 and 22 with the add tool, then write a file"
-#: Per harness name: the CLI command in ``.clis`` and the API-key variable it reads.
-CLIS: dict[str, tuple[str, str]] = {
-    "claude_code": ("claude", "ANTHROPIC_API_KEY"),
-    "codex": ("codex", "OPENAI_API_KEY"),
-    "opencode": ("opencode", "OPENAI_API_KEY"),
-    "qwen_code": ("qwen", "OPENAI_API_KEY"),
-    "gemini_cli": ("gemini", "GEMINI_API_KEY"),
-}
 
 
 def _patch(path: Path, text: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import pytest
-from support.cli import Calls, cli_path, real_cli
+from support.cli import CLIS, Calls, cli_path, real_cli
 
 from gym_harness import HarnessEnv
 from gym_harness.outcome import Outcome
@@ -34,14 +34,6 @@ from gym_harness.process import sandbox
 from gym_harness.trajectory import RewardContext
 
 PROMPT = "please add 20 and 22 with the add tool"
-#: Per harness name: the CLI command in ``.clis`` and the API-key variable it reads.
-CLIS: dict[str, tuple[str, str]] = {
-    "claude_code": ("claude", "ANTHROPIC_API_KEY"),
-    "codex": ("codex", "OPENAI_API_KEY"),
-    "opencode": ("opencode", "OPENAI_API_KEY"),
-    "qwen_code": ("qwen", "OPENAI_API_KEY"),
-    "gemini_cli": ("gemini", "GEMINI_API_KEY"),
-}
 #: How long the slow policy thinks before it answers.
 SLOW_S = 20
 

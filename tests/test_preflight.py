@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.cli import CLIS as SUPPORTED_CLIS
 
 from gym_harness import ConfigError, HarnessEnv
 from gym_harness.harnesses._common import NPM_PACKAGES
@@ -21,11 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: harness name -> (its command, the key variable its error must name)
 CLIS = {
-    "claude_code": ("claude", "ANTHROPIC_API_KEY"),
-    "codex": ("codex", "OPENAI_API_KEY"),
-    "opencode": ("opencode", "OPENAI_API_KEY"),
-    "qwen_code": ("qwen", "OPENAI_API_KEY"),
-    "gemini_cli": ("gemini", "GEMINI_API_KEY"),
+    **SUPPORTED_CLIS,
     "claude_agent_acp": ("claude-agent-acp", "ANTHROPIC_API_KEY"),
     "codex_acp": ("codex-acp", "OPENAI_API_KEY"),
 }

@@ -34,7 +34,7 @@ import functools
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gym_harness.bridge.fast_call import MODERN_VERSION, PlainCall, answer, plain_tool_call
@@ -157,30 +157,15 @@ class BridgeHTTP:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        host = origin = supplied = session = length = version = None
-        for key, value in scope["headers"]:
-            if key == b"host":
-                host = value
-            elif key == b"origin":
-                origin = value
-            elif key == b"authorization":
-                supplied = value
-            elif key == _SESSION_HEADER:
-                session = value
-            elif key == b"content-length":
-                length = value
-            elif key == b"mcp-protocol-version":
-                version = value
+        host, origin, supplied, session, length, version = _guarded(scope["headers"])
         if host is None or not self._local(host):
             await _refuse(send, 421, b"Misdirected Request")
             return
         if origin is not None and not self._local_origin(origin):
             await _refuse(send, 403, b"Forbidden Origin")
             return
-        token = self.bridge.token
-        if self._expected[0] != token.encode():
-            self._expected = (token.encode(), b"Bearer " + token.encode())
-        if supplied is None or not hmac.compare_digest(supplied, self._expected[1]):
+        token = self._authorized(supplied)
+        if token is None:
             await _refuse(
                 send, 401, b"invalid or missing bearer token",
                 [(b"www-authenticate", b'Bearer realm="gym_harness"')],
@@ -212,6 +197,15 @@ class BridgeHTTP:
                 return
         await self._serve(token, scope, receive, send)
 
+    def _authorized(self, supplied: bytes | None) -> str | None:
+        """The bridge's token when ``supplied`` is its ``Authorization`` header, else ``None``."""
+        token = self.bridge.token
+        if self._expected[0] != token.encode():
+            self._expected = (token.encode(), b"Bearer " + token.encode())
+        if supplied is None or not hmac.compare_digest(supplied, self._expected[1]):
+            return None
+        return token
+
     # -- the short way (gym_harness.loopback.quick) ----------------------------------------
 
     def quick_head(self, conn: Any, target: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
@@ -221,21 +215,10 @@ class BridgeHTTP:
         """
         if target != _MCP_TARGET or not self.fast_tools:
             return False
-        host = origin = supplied = length = version = None
-        for key, value in headers:
-            if key == b"host":
-                host = value
-            elif key == b"origin":
-                origin = value
-            elif key == b"authorization":
-                supplied = value
-            elif key == b"content-length":
-                length = value
-            elif key == b"mcp-protocol-version":
-                version = value
-            elif key == _SESSION_HEADER:
-                return False
-        if version != MODERN or length is None or int(length) > self.max_body_bytes:
+        host, origin, supplied, session, length, version = _guarded(headers)
+        if session is not None or version != MODERN or length is None:
+            return False
+        if not length.isdigit() or int(length) > self.max_body_bytes:
             return False
         if (
             host is None
@@ -243,10 +226,8 @@ class BridgeHTTP:
             or (origin is not None and not self._local_origin(origin))
         ):
             return False
-        token = self.bridge.token
-        if self._expected[0] != token.encode():
-            self._expected = (token.encode(), b"Bearer " + token.encode())
-        if supplied is None or not hmac.compare_digest(supplied, self._expected[1]):
+        token = self._authorized(supplied)
+        if token is None:
             return False
         conn.owner = token
         self.bridge.last_activity = time.monotonic()
@@ -376,6 +357,24 @@ def _replay(body: bytes, receive: Any) -> Any:
         return await receive()
 
     return replay
+
+
+#: The request headers the guard reads, in the order ``_guarded`` returns them.
+_GUARDED = (
+    b"host", b"origin", b"authorization", _SESSION_HEADER, b"content-length",
+    b"mcp-protocol-version",
+)  # fmt: skip
+_GUARDED_AT = {name: index for index, name in enumerate(_GUARDED)}
+
+
+def _guarded(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes | None]:
+    """The ``_GUARDED`` headers' values, in its order (``None`` where absent; the last wins)."""
+    found: list[bytes | None] = [None] * len(_GUARDED)
+    for key, value in headers:
+        index = _GUARDED_AT.get(key)
+        if index is not None:
+            found[index] = value
+    return found
 
 
 async def _refuse(

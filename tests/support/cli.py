@@ -35,6 +35,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI_BIN = ROOT / ".clis" / "node_modules" / ".bin"
 #: The bridge token offline tests put in their context (it must never reach argv).
 TOKEN = "bridge-secret-token"
+
+#: The five CLI harnesses (by name): the CLI command in ``.clis`` and the API-key variable
+#: it reads.
+CLIS: dict[str, tuple[str, str]] = {
+    "claude_code": ("claude", "ANTHROPIC_API_KEY"),
+    "codex": ("codex", "OPENAI_API_KEY"),
+    "opencode": ("opencode", "OPENAI_API_KEY"),
+    "qwen_code": ("qwen", "OPENAI_API_KEY"),
+    "gemini_cli": ("gemini", "GEMINI_API_KEY"),
+}
+
 #: The two user messages of `two_turns`; the scripted model adds 20 and 22 in the first.
 FIRST, SECOND = "please add the numbers", "second message"
 
