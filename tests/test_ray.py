@@ -23,6 +23,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT
+from support.process import wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.agents.demo import demo_tasks_path
@@ -66,14 +67,7 @@ def ray_instance() -> Iterator[None]:
 
 
 def gone(pids: list[int], timeout: float = 15.0) -> bool:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return not alive
+    return wait_gone(pids, timeout) == []
 
 
 def removed(path: Path, timeout: float = 15.0) -> bool:

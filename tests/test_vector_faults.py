@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT
+from support.process import wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.errors import WorkerLost
@@ -111,14 +112,7 @@ def close_within(envs: gymnasium.vector.VectorEnv, bound_s: float, **kwargs: Any
 
 def assert_nothing_left(pids: set[int], roots: list[Path]) -> None:
     """No process of ``pids``, no workspace root, no listening socket of those pids."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=GONE_BOUND_S)
-    assert not alive, alive
+    assert wait_gone(list(pids), GONE_BOUND_S) == []
     assert gone_within(roots, GONE_BOUND_S) == []
     listening = [
         c

@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from support.process import wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.vector import HarnessVectorEnv
@@ -70,14 +71,7 @@ def descendants() -> set[int]:
 
 
 def assert_gone(pids: set[int]) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=GONE_BOUND_S)
-    assert not alive, alive
+    assert wait_gone(list(pids), GONE_BOUND_S) == []
 
 
 def by_id(batch: tuple[Any, ...]) -> dict[int, tuple[Any, ...]]:
