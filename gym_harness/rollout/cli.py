@@ -40,17 +40,17 @@ from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
 from gym_harness.rollout.console import Console, Progress
-from gym_harness.rollout.groups import group_settings
-from gym_harness.rollout.keywords import check_keywords, keywords_text
-from gym_harness.rollout.local import (
+from gym_harness.rollout.episode import (
     DEFAULT_FOLLOW_UP,
     DEFAULT_MAX_STEPS,
     DEFAULT_MAX_TURNS,
     DEFAULT_N,
     DEFAULT_SEED,
     load_policy,
-    local_rollout,
 )
+from gym_harness.rollout.groups import group_settings
+from gym_harness.rollout.keywords import check_keywords, keywords_text
+from gym_harness.rollout.local import local_rollout
 from gym_harness.tasks import Task, load_tasks
 from gym_harness.trajectory import Trajectory
 

@@ -38,7 +38,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
-from gym_harness.rollout import local
+from gym_harness.rollout import episode
 from gym_harness.rollout.groups import group_settings, run_task
 from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, schedule
 from gym_harness.tasks import Task
@@ -363,10 +363,10 @@ def ray_rollout(
     tasks: Sequence[Task],
     *,
     out: TextIO,
-    n: int = local.DEFAULT_N,
-    seed: int = local.DEFAULT_SEED,
-    max_turns: int = local.DEFAULT_MAX_TURNS,
-    follow_up: str = local.DEFAULT_FOLLOW_UP,
+    n: int = episode.DEFAULT_N,
+    seed: int = episode.DEFAULT_SEED,
+    max_turns: int = episode.DEFAULT_MAX_TURNS,
+    follow_up: str = episode.DEFAULT_FOLLOW_UP,
     progress: Callable[[int, str], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     address: str | None = None,
@@ -374,7 +374,7 @@ def ray_rollout(
     resources_per_env: Mapping[str, Any] | None = None,
     timeout_s: float = 3600.0,
     policy: Callable[..., Any] | str | None = None,
-    max_steps: int = local.DEFAULT_MAX_STEPS,
+    max_steps: int = episode.DEFAULT_MAX_STEPS,
     group: int | None = None,
     fork_at: int = 0,
 ) -> int:
