@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ from support.model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import ProtocolError
+from gym_harness.errors import ForkUnsupported, ProtocolError
 from gym_harness.events import EventType
 from gym_harness.harnesses.base import EpisodeContext
+from gym_harness.harnesses import claude_code
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness, ClaudeCodeSession
 
 make_ctx = functools.partial(episode_ctx, tool_names=("add", "echo"))
@@ -211,6 +213,59 @@ def test_interrupt_line_is_a_control_request(tmp_path: Path) -> None:
     assert first["type"] == "control_request"
     assert first["request"] == {"subtype": "interrupt"}
     assert first["request_id"] != second["request_id"]
+
+
+def assistant_line(uuid: str) -> str:
+    content = [{"type": "text", "text": "hi"}]
+    return json.dumps({"type": "assistant", "uuid": uuid, "message": {"content": content}})
+
+
+def saved_session(tmp_path: Path, *uuids: str) -> tuple[ClaudeCodeSession, Path]:
+    """A session that printed an assistant message ``u2``, and its session file holding
+    entries ``uuids`` (Claude Code files it under its dashed cwd)."""
+    session = new_session(tmp_path)
+    session.feed(init_line(["mcp__env__add", "mcp__env__echo"]))
+    session.feed(assistant_line("u2"))
+    path = session.ctx.home / ".claude" / "projects" / "-tmp-workspace" / "s1.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"uuid": u}, separators=(",", ":")) + "\n" for u in uuids))
+    return session, path
+
+
+def test_a_fork_waits_until_the_last_message_printed_is_saved(tmp_path: Path) -> None:
+    session, path = saved_session(tmp_path, "u1")
+    written = threading.Event()
+
+    def save() -> None:  # Claude Code drains its write queue after the result line
+        with path.open("a") as file:
+            file.write(json.dumps({"uuid": "u2"}, separators=(",", ":")) + "\n")
+        written.set()
+
+    saver = threading.Timer(0.3, save)
+    saver.start()
+    try:
+        assert ClaudeCodeHarness().fork_session(session) == {"session_id": "s1"}
+        assert written.is_set()
+    finally:
+        saver.cancel()
+        saver.join(timeout=5)
+
+
+def test_a_session_that_is_never_saved_does_not_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(claude_code, "SAVE_WAIT_S", 0.2)
+    session, _ = saved_session(tmp_path, "u1")
+    with pytest.raises(ForkUnsupported, match="had not saved its session s1's last message"):
+        ClaudeCodeHarness().fork_session(session)
+
+
+def test_a_session_id_that_is_a_path_does_not_fork(tmp_path: Path) -> None:
+    session, _ = saved_session(tmp_path, "u1", "u2")
+    assert ClaudeCodeHarness().fork_session(session) == {"session_id": "s1"}
+    session.session_id = "../../etc/passwd"
+    with pytest.raises(ForkUnsupported, match="not a session id"):
+        ClaudeCodeHarness().fork_session(session)
 
 
 # ---------------------------------------------------------------- the real CLI

@@ -16,9 +16,11 @@ connected) happens on the first turn: a failure ends it as ``startup_failed``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,6 +55,9 @@ from gym_harness.harnesses.base import (
 from gym_harness.outcome import Outcome
 
 __all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness", "ClaudeCodeSession"]
+
+#: How long a fork waits for Claude Code to save the turn it last printed (seconds).
+SAVE_WAIT_S = 10.0
 
 #: Variables that stop Claude Code phoning home (telemetry, error reports, updates).
 TELEMETRY_OFF: dict[str, str] = {
@@ -143,6 +148,7 @@ class ClaudeCodeHarness(Harness):
         """Claude Code resumes a fork of the session its ``init`` line named
         (``--resume ID --fork-session``), from a copy of its config directory."""
         if isinstance(session, ClaudeCodeSession) and session.session_id:
+            session.wait_saved(SAVE_WAIT_S)
             return {"session_id": session.session_id}
         raise ForkUnsupported(
             f"the {self.name!r} harness cannot fork this episode yet: Claude Code has not named "
@@ -251,6 +257,7 @@ class ClaudeCodeSession(HarnessSession):
     def __init__(self, ctx: EpisodeContext, *, plain_text: bool = False) -> None:
         self.ctx = ctx
         self.session_id: str | None = None
+        self.last_uuid: str | None = None  # of the last assistant message printed
         self._plain_text = plain_text
         self._checked = False
         self._calls: dict[str, str] = {}  # tool_use id -> name, to label results
@@ -260,6 +267,34 @@ class ClaudeCodeSession(HarnessSession):
     def ready_at_spawn(self) -> bool:
         """``claude -p`` prints nothing before the first message: ready at once."""
         return True
+
+    def wait_saved(self, timeout_s: float) -> None:
+        """Return once Claude Code's session file holds the last assistant message printed.
+
+        Claude Code appends its session file from a queue it drains every 100 ms, after the
+        turn's ``result`` line: a copy taken at once can lack the last turn, or the file.
+
+        Raises:
+            ForkUnsupported: The session id is not one Claude Code makes, or the message
+                was not saved within ``timeout_s``.
+        """
+        session_id = self.session_id or ""
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", session_id):
+            raise ForkUnsupported(f"Claude Code named its session {session_id!r}: not a session id")
+        mark = f'"uuid":"{self.last_uuid}"'.encode() if self.last_uuid else b""
+        projects = self.ctx.home / ".claude" / "projects"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for path in projects.glob(f"*/{session_id}.jsonl"):
+                with contextlib.suppress(OSError):
+                    if mark in path.read_bytes():
+                        return
+            if time.monotonic() >= deadline:
+                raise ForkUnsupported(
+                    f"Claude Code had not saved its session {session_id}'s last message to "
+                    f"{projects} within {timeout_s:g} s: nothing was forked; fork again."
+                )
+            time.sleep(0.01)
 
     # ----------------------------------------------------------------- lines out
 
@@ -297,6 +332,8 @@ class ClaudeCodeSession(HarnessSession):
         if kind == "system" and obj.get("subtype") == "init":
             return self._init(obj)
         if kind == "assistant":
+            if isinstance(uuid := obj.get("uuid"), str):
+                self.last_uuid = uuid
             return Feed(events=self._assistant(obj))
         if kind == "user":
             return Feed(events=self._tool_results(obj))
