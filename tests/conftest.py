@@ -9,6 +9,8 @@
   this process, or any process carrying this session's ``GYM_HARNESS_SESSION``
   tag (which ``HarnessProcess`` forwards to every harness, so orphans that
   re-parented to PID 1 are found too). It kills what it finds, by pid.
+* Under pytest-xdist (``-n 2``) each worker is a session of its own here: its own
+  network namespace and its own tag, so neither worker's guard sees the other's processes.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ def _isolate_network() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     global _network_isolated
     _network_isolated = _isolate_network()
-    os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
+    if "PYTEST_XDIST_WORKER" in os.environ:  # each worker guards its own processes only
+        os.environ[SESSION_VAR] = uuid.uuid4().hex
+    else:
+        os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
 
 
 @pytest.fixture

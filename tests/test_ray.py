@@ -29,6 +29,7 @@ import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.agents.demo import demo_tasks_path
 from gym_harness.errors import ConfigError
 from gym_harness.process import keeper as _keeper
+from gym_harness.process.keeper_client import SESSION_VAR
 from gym_harness.rollout.local import run_episode
 from gym_harness.tasks import load_tasks
 
@@ -38,6 +39,10 @@ from gym_harness.rollout.ray import RayVectorEnv, ray_rollout  # noqa: E402
 AGENT = str(LINE_AGENT)
 HALF_CPU = {"num_cpus": 0.5}  # 4 sub-envs on the 2 CPUs the test instance has
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+
+
+#: One Ray cluster: every test of this module runs on the same test worker.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
@@ -283,10 +288,15 @@ def test_ray_rollout_records_an_episode_whose_actor_died(ray_instance: None) -> 
 
 
 def keeper_pids() -> list[int]:
-    """Keepers of this checkout's gym_harness (not another checkout's, running its own tests)."""
+    """Keepers of this test session (not another session's or test worker's): this
+    checkout's keeper, carrying this session's tag (the actors inherit it from Ray)."""
     ours = os.path.abspath(_keeper.__file__)  # as the keeper client starts it
+    tag = os.environ[SESSION_VAR]
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
-        if ours in (proc.info["cmdline"] or ()):
-            pids.append(proc.pid)
+        try:
+            if ours in (proc.info["cmdline"] or ()) and proc.environ().get(SESSION_VAR) == tag:
+                pids.append(proc.pid)
+        except psutil.Error:
+            continue
     return pids
