@@ -263,7 +263,7 @@ def test_ray_rollout_records_an_episode_whose_actor_died(ray_instance: None) -> 
     env_id = "gym_harness/Reference-v0"
     tasks = [t for t in load_tasks(demo_tasks_path()) if t.id == "add"]
     out = io.StringIO()
-    keepers = set(keeper_pids())
+    keepers, actors = set(keeper_pids()), actor_pids()
     written = ray_rollout(
         env_id,
         {"reward_fn": "sys:exit"},  # the first turn's reward ends the actor's process
@@ -285,6 +285,20 @@ def test_ray_rollout_records_an_episode_whose_actor_died(ray_instance: None) -> 
         assert record["task"] == tasks[0].to_dict() and record["env_id"] == env_id
     # A dead actor's keeper ends its harness, then itself, once the actor's process is gone.
     assert gone([pid for pid in keeper_pids() if pid not in keepers], timeout=60)
+    # The dead actors' worker processes exit too, in their own time on a loaded machine.
+    assert gone([pid for pid in actor_pids() if pid not in actors], timeout=60)
+
+
+def actor_pids() -> set[int]:
+    """The Ray worker processes (descendants of this process) that host an env actor."""
+    pids = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "_EnvWorker" in " ".join(proc.cmdline()):
+                pids.add(proc.pid)
+        except psutil.Error:
+            continue
+    return pids
 
 
 def keeper_pids() -> list[int]:
