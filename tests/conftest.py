@@ -24,10 +24,11 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from support.gate import gate  # noqa: F401  (a fixture: shared by the bridge tests)
+from support.process import tagged_processes
 
 from gym_harness.process.confine import bring_loopback_up
+from gym_harness.process.keeper_client import SESSION_VAR
 
-SESSION_VAR = "GYM_HARNESS_SESSION"
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
 
@@ -68,23 +69,9 @@ def isolated_network() -> None:
         pytest.skip(f"network not isolated ({_network_isolated})")
 
 
-def _tagged_processes(tag: str) -> list[psutil.Process]:
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(SESSION_VAR) == tag:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
 def _leftovers(before: set[int], tag: str) -> list[psutil.Process]:
     procs = {p.pid: p for p in psutil.Process().children(recursive=True)}
-    procs.update((p.pid, p) for p in _tagged_processes(tag))
+    procs.update((p.pid, p) for p in tagged_processes(tag))
     alive = []
     for pid, proc in procs.items():
         try:
@@ -100,7 +87,7 @@ def no_leftover_processes() -> Iterator[None]:
     """Fail the test if it leaves any process of ours running."""
     tag = os.environ[SESSION_VAR]
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    before.update(p.pid for p in _tagged_processes(tag))
+    before.update(p.pid for p in tagged_processes(tag))
     yield
     deadline = time.monotonic() + 3.0
     left = _leftovers(before, tag)

@@ -260,6 +260,21 @@ def test_a_session_that_is_never_saved_does_not_fork(
         ClaudeCodeHarness().fork_session(session)
 
 
+def test_a_fork_reads_only_the_end_of_a_large_session_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(claude_code, "SAVE_WAIT_S", 0.2)
+    filler = json.dumps({"uuid": "f", "pad": "x" * 1024}) + "\n"
+    session, path = saved_session(tmp_path, "u1")
+    with path.open("a") as file:
+        file.write(filler * 8192 + json.dumps({"uuid": "u2"}, separators=(",", ":")) + "\n")
+    assert ClaudeCodeHarness().fork_session(session) == {"session_id": "s1"}
+    with path.open("a") as file:  # 8 MiB after the message: past the tail the wait reads
+        file.write(filler * 8192)
+    with pytest.raises(ForkUnsupported, match="had not saved"):
+        ClaudeCodeHarness().fork_session(session)
+
+
 def test_a_session_id_that_is_a_path_does_not_fork(tmp_path: Path) -> None:
     session, _ = saved_session(tmp_path, "u1", "u2")
     assert ClaudeCodeHarness().fork_session(session) == {"session_id": "s1"}

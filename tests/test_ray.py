@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT
-from support.process import wait_gone
+from support.process import tagged_processes, wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.agents.demo import demo_tasks_path
@@ -305,11 +305,10 @@ def keeper_pids() -> list[int]:
     """Keepers of this test session (not another session's or test worker's): this
     checkout's keeper, carrying this session's tag (the actors inherit it from Ray)."""
     ours = os.path.abspath(_keeper.__file__)  # as the keeper client starts it
-    tag = os.environ[SESSION_VAR]
     pids = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in tagged_processes(os.environ[SESSION_VAR]):
         try:
-            if ours in (proc.info["cmdline"] or ()) and proc.environ().get(SESSION_VAR) == tag:
+            if ours in proc.cmdline():
                 pids.append(proc.pid)
         except psutil.Error:
             continue

@@ -58,6 +58,8 @@ __all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness", "ClaudeCodeSession"]
 
 #: How long a fork waits for Claude Code to save the turn it last printed (seconds).
 SAVE_WAIT_S = 10.0
+#: How much of the end of the session file that wait reads (bytes).
+SAVE_TAIL_BYTES = 4 * 1024 * 1024
 
 #: Variables that stop Claude Code phoning home (telemetry, error reports, updates).
 TELEMETRY_OFF: dict[str, str] = {
@@ -286,8 +288,12 @@ class ClaudeCodeSession(HarnessSession):
         deadline = time.monotonic() + timeout_s
         while True:
             for path in projects.glob(f"*/{session_id}.jsonl"):
-                with contextlib.suppress(OSError):
-                    if mark in path.read_bytes():
+                with contextlib.suppress(OSError), path.open("rb") as file:
+                    # An entry's uuid follows its message, and only a few small entries
+                    # follow the turn's last message: the tail holds it, and a session file
+                    # grown huge is never read whole.
+                    file.seek(max(0, file.seek(0, os.SEEK_END) - SAVE_TAIL_BYTES))
+                    if mark in file.read(SAVE_TAIL_BYTES):
                         return
             if time.monotonic() >= deadline:
                 raise ForkUnsupported(

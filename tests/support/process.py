@@ -9,9 +9,10 @@ import time
 import psutil
 
 from gym_harness.config import ProcessSpec
+from gym_harness.process.keeper_client import SESSION_VAR
 from support import HARNESS_SCRIPT
 
-__all__ = ["SCRIPT", "is_ready", "running", "spec", "wait_gone"]
+__all__ = ["SCRIPT", "is_ready", "running", "spec", "tagged_processes", "wait_gone"]
 
 SCRIPT = HARNESS_SCRIPT
 
@@ -42,6 +43,22 @@ def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
         time.sleep(0.02)
         left = [pid for pid in left if running(pid)]
     return left
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """The processes but this one whose environment carries the test session's ``tag``
+    (``GYM_HARNESS_SESSION``, which every harness and keeper inherits)."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(SESSION_VAR) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def namespaces_in_use() -> set[int]:
