@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
-from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 

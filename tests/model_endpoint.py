@@ -24,7 +24,7 @@ from typing import Any
 
 from support.model_server import QuietHandler, read_body, serve_in_thread
 
-from gym_harness.capture.records import api_of
+from gym_harness.records.exchanges import api_of
 from gym_harness.model import (
     AnswerWriter,
     BadRequest,

@@ -31,7 +31,7 @@ from gym_harness.capture.proxy import (
     assemble,
     parse_sse,
 )
-from gym_harness.capture.records import MAX_DEPTH
+from gym_harness.records.exchanges import MAX_DEPTH
 from gym_harness.capture.secrets import MASK, Redactor
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import CaptureError, ConfigError

@@ -21,7 +21,7 @@ from support.cli import cli_path
 from support.model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
-from gym_harness.capture.chat_format import exchange_messages, exchange_records
+from gym_harness.records.chat_format import exchange_messages, exchange_records
 from gym_harness.capture.proxy import parse_sse
 from gym_harness.process import sandbox
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.model_server import ScriptedModelServer
 
-from gym_harness.capture.chat_format import exchange_messages, exchange_tools
+from gym_harness.records.chat_format import exchange_messages, exchange_tools
 from gym_harness.capture.proxy import ModelProxy
 
 APIS = ("chat", "responses", "anthropic", "gemini")

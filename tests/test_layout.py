@@ -294,7 +294,7 @@ def test_nothing_imports_the_openenv_part_and_only_it_imports_openenv() -> None:
 def test_the_traces_part_reads_records_only() -> None:
     found = []
     for name, path in modules().items():
-        if not _within(name, ("gym_harness.traces",)):
+        if not _within(name, ("gym_harness.records.training",)):
             continue
         for target, _, line in _imported(name, path, ast.parse(path.read_text())):
             if _within(target, TRACES_MUST_NOT_IMPORT):

@@ -31,7 +31,7 @@ from support.cli import CLIS, Calls, cli_path, real_cli
 from gym_harness import HarnessEnv
 from gym_harness.outcome import Outcome
 from gym_harness.process import sandbox
-from gym_harness.trajectory import RewardContext
+from gym_harness.records.trajectory import RewardContext
 
 PROMPT = "please add 20 and 22 with the add tool"
 #: How long the slow policy thinks before it answers.

@@ -20,7 +20,7 @@ from test_model_endpoint import no_tools, post
 
 from gym_harness import HarnessEnv, RewardContext
 from gym_harness.capture.proxy import ModelProxy
-from gym_harness.events import EventType
+from gym_harness.records.events import EventType
 from gym_harness.model import ModelEndpoint
 from gym_harness.model._side import SideUpstream
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_harness.capture.chat_format import CONVERSATION_KEYS
+from gym_harness.records.chat_format import CONVERSATION_KEYS
 from gym_harness.model import BadRequest, ModelRequest, read_request
 from gym_harness.model.calls import CallKey
 from gym_harness.model.request import MAX_REQUEST_DEPTH, RequestReader
@@ -42,7 +42,7 @@ def grown(cli: str, lengths: range) -> tuple[str, str, list[dict[str, Any]]]:
 
 
 def _api(path: str) -> str:
-    from gym_harness.capture.records import api_of
+    from gym_harness.records.exchanges import api_of
 
     return api_of(path)
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_harness.capture.chat_format import exchange_messages
-from gym_harness.capture.records import assemble, parse_sse
+from gym_harness.records.chat_format import exchange_messages
+from gym_harness.records.exchanges import assemble, parse_sse
 from gym_harness.model import (
     ActionLimits,
     AnswerWriter,

@@ -25,8 +25,8 @@ from support.model_server import Fail, Reply, ScriptedModelServer
 
 from gym_harness.agents.demo import DEMO_TOOLS, demo_reward, demo_tasks
 from gym_harness.bridge.server import MCPBridge
-from gym_harness.events import HarnessEvent
-from gym_harness.trajectory import RewardContext
+from gym_harness.records.events import HarnessEvent
+from gym_harness.records.trajectory import RewardContext
 
 WAIT_S = 30.0  # generous: the first tool call of an agent imports the MCP client
 

@@ -23,7 +23,7 @@ import pytest
 from support import MODEL_AGENT
 
 from gym_harness import HarnessEnv, RewardContext
-from gym_harness.traces import record_trace, training_trace
+from gym_harness.records.training import record_trace, training_trace
 
 #: The worktree: the subprocesses import the package from here.
 WORKTREE = Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def test_an_episode_without_model_calls_is_not_token_level() -> None:
 @pytest.mark.timeout(240)
 def test_import_gym_harness_loads_no_trainer_library() -> None:
     code = (
-        "import sys, gym_harness, gym_harness.traces\n"
+        "import sys, gym_harness, gym_harness.records.training\n"
         "env = gym_harness.HarnessEnv('reference')\n"
         "env.trajectory.training_trace()\n"
         "loaded = [m for m in sys.modules if m.split('.')[0] in ('openenv', 'gradio', 'trl')"

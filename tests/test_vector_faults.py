@@ -28,7 +28,7 @@ from support.process import wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.errors import WorkerLost
-from gym_harness.events import HarnessEvent
+from gym_harness.records.events import HarnessEvent
 from gym_harness.vector import HarnessVectorEnv
 
 COMMAND = [sys.executable, str(LINE_AGENT)]

@@ -6,8 +6,8 @@
 * :mod:`~gym_harness.capture.http`: reading bounded bodies and sending answers (shared
   with the model endpoint).
 * :mod:`~gym_harness.capture.secrets`: credential swapping and redaction.
-* :mod:`~gym_harness.capture.records`: ``ModelExchange`` and the parsed records.
-* :mod:`~gym_harness.capture.chat_format`: exchanges as chat messages and datasets.
+* :mod:`~gym_harness.records.exchanges`: ``ModelExchange`` and the parsed records.
+* :mod:`~gym_harness.records.chat_format`: exchanges as chat messages and datasets.
 
 Imports ``loopback`` and ``utils`` below it; never the bridge, model, processes,
 adapters or the env. Nothing is imported here: asyncio loads only when a proxy starts.

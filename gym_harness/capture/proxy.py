@@ -5,7 +5,7 @@ per-episode proxy token in place of the API key. The proxy swaps that token
 for the real key (which never leaves the env process), forwards the request to
 the upstream, and passes the answer back byte for byte as it arrives, SSE
 streams included. Per request it keeps a :class:`ModelExchange` (see
-``gym_harness.capture.records``, whose names are importable from here too).
+``gym_harness.records.exchanges``, whose names are importable from here too).
 
 Wire APIs understood for recording (anything else is still forwarded):
 OpenAI Chat Completions, OpenAI Responses, Anthropic Messages, Gemini.
@@ -35,7 +35,7 @@ from gym_harness.capture.http import (
     read_body,
     send_json,
 )
-from gym_harness.capture.records import (
+from gym_harness.records.exchanges import (
     ModelExchange,
     SSEEvent,
     TokenLogprob,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from gym_harness.capture.tokens import TokenStripper
     from gym_harness.capture.upstream import UpstreamPool, UpstreamResponse
     from gym_harness.config import HarnessConfig
-    from gym_harness.events import TurnResult
+    from gym_harness.records.events import TurnResult
 
 __all__ = [
     "ModelExchange",

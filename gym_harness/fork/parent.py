@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gym_harness.trajectory import Trajectory
+from gym_harness.records.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from gym_harness.config import HarnessConfig

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gym_harness.model.action import Completion
     from gym_harness.model.calls import ModelCall
     from gym_harness.model.turns import ModelTurns
-    from gym_harness.trajectory import Trajectory
+    from gym_harness.records.trajectory import Trajectory
 
 __all__ = ["ScriptedUser", "action_of", "difference", "replay"]
 

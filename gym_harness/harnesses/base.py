@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported
-from gym_harness.events import HarnessEvent
+from gym_harness.records.events import HarnessEvent
 from gym_harness.utils.trees import copy_tree
 
 if TYPE_CHECKING:

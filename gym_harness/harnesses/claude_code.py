@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported
-from gym_harness.events import EventType, HarnessEvent
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     api_ports,
     content_text,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported
-from gym_harness.events import EventType, HarnessEvent
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     RpcIds,

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from gym_harness.capture.chat_format import CONVERSATION_KEYS
-from gym_harness.capture.records import api_of
+from gym_harness.records.chat_format import CONVERSATION_KEYS
+from gym_harness.records.exchanges import api_of
 from gym_harness.errors import ConfigError
 from gym_harness.loopback.connections import MAX_CONNECTIONS
 from gym_harness.model.action import Completion

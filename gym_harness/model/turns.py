@@ -25,16 +25,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
-from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.model.action import InvalidAction, assistant_message
 from gym_harness.outcome import Outcome
-from gym_harness.trajectory import TurnRecord
+from gym_harness.records.trajectory import TurnRecord
 
 if TYPE_CHECKING:
     from gym_harness.capture.proxy import ModelProxy
     from gym_harness.harnesses.base import Harness
     from gym_harness.model.endpoint import EndpointConfig, ModelEndpoint, PendingCall
-    from gym_harness.trajectory import Trajectory
+    from gym_harness.records.trajectory import Trajectory
     from gym_harness.turn import TurnRunner
 
 __all__ = ["Episode", "ModelTurns", "NextMessage", "UserFn", "model_options"]

@@ -40,7 +40,7 @@ from gym_harness.rollout.episode import (
 )
 from gym_harness.rollout.groups import group_settings, run_task
 from gym_harness.tasks import Task
-from gym_harness.trajectory import Trajectory
+from gym_harness.records.trajectory import Trajectory
 
 __all__ = [
     "Episode",

@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gym_harness.events import EventType, HarnessEvent
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.utils import bounded_json
 
 __all__ = [

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from gym_harness.events import EventType, HarnessEvent, TurnResult
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.outcome import Outcome
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ class Trajectory:
     def training_trace(
         self, is_side: Callable[[Mapping[str, Any]], bool] | None = None
     ) -> dict[str, Any]:
-        """The episode's token-level training trace, a plain dict (``gym_harness.traces``).
+        """The episode's token-level training trace, a plain dict (``gym_harness.records.training``).
 
         One entry per main model call with the engine's own ids: in model mode from the
         actions (``token_ids``, ``logprobs``, ``prompt_token_ids``), in capture mode from
@@ -378,15 +378,15 @@ class Trajectory:
             is_side: Tells a captured side call from a main one (default: its request
                 names the side model); model mode's calls say so themselves.
         """
-        from gym_harness.traces.training import training_trace
+        from gym_harness.records.training import training_trace
 
         calls = [call_record(call) for call in self.calls]
         events = [e.to_dict() for e in self.events]
         return training_trace(calls, events, is_side=is_side, episode_id=self.episode_id)
 
     def _repr_html_(self) -> str:
-        """The episode as HTML, for Jupyter (see ``gym_harness.display``)."""
-        from gym_harness.display import trajectory_html
+        """The episode as HTML, for Jupyter (see ``gym_harness.records.display``)."""
+        from gym_harness.records.display import trajectory_html
 
         return trajectory_html(self.to_dict())
 

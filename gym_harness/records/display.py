@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gym_harness.events import EventType
+from gym_harness.records.events import EventType
 
 __all__ = ["trajectory_html"]
 

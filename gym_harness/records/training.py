@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gym_harness.capture.chat_format import exchange_records
+from gym_harness.records.chat_format import exchange_records
 from gym_harness.harnesses.base import SIDE_MODEL
 
 __all__ = ["SCHEMA_VERSION", "record_trace", "training_trace"]
