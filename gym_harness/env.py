@@ -30,15 +30,15 @@ from gymnasium.error import ResetNeeded
 
 from gym_harness.config import FIELD_NAMES, check_env_options
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.records.events import HarnessEvent, TurnResult
 from gym_harness.harnesses.base import EpisodeContext, Harness
 from gym_harness.harnesses.registry import make_harness
 from gym_harness.lifecycle import Lifecycle
 from gym_harness.outcome import Outcome
 from gym_harness.process.resources import EnvResources
+from gym_harness.records.events import HarnessEvent, TurnResult
+from gym_harness.records.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
-from gym_harness.records.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.turn import TurnRunner, end_flags
 from gym_harness.usercode import CallbackGuard, TurnScorer, UserFnRunner, user_callable
 from gym_harness.utils.interrupts import interrupts_held

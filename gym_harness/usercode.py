@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import CallbackError, ConfigError
-from gym_harness.records.events import HarnessEvent
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import HarnessEvent
 from gym_harness.records.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
 from gym_harness.utils.imports import import_attr
 

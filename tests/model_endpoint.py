@@ -24,7 +24,6 @@ from typing import Any
 
 from support.model_server import QuietHandler, read_body, serve_in_thread
 
-from gym_harness.records.exchanges import api_of
 from gym_harness.model import (
     AnswerWriter,
     BadRequest,
@@ -35,6 +34,7 @@ from gym_harness.model import (
     parse_action,
     read_request,
 )
+from gym_harness.records.exchanges import api_of
 
 Policy = Callable[[dict[str, Any]], str]
 

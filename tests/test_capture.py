@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from support.model_server import Drop, Fail, ScriptedModelServer, Stall, token_id
 from support.raw_upstream import RawUpstream
 
-from gym_harness.records.chat_format import exchange_records
 from gym_harness.capture.proxy import ModelExchange, ModelProxy, SSEEvent, parse_sse
 from gym_harness.capture.upstream import UpstreamDropped, _Body
 from gym_harness.errors import CaptureError
-from gym_harness.records.events import EventType
 from gym_harness.lifecycle import Lifecycle
+from gym_harness.records.chat_format import exchange_records
+from gym_harness.records.events import EventType
 
 ADD = {"a": 2, "b": 3}
 REAL_KEY = "sk-real-upstream-key"

@@ -31,10 +31,10 @@ from gym_harness.capture.proxy import (
     assemble,
     parse_sse,
 )
-from gym_harness.records.exchanges import MAX_DEPTH
 from gym_harness.capture.secrets import MASK, Redactor
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import CaptureError, ConfigError
+from gym_harness.records.exchanges import MAX_DEPTH
 
 REAL_KEY = "sk-real-upstream-key-0123456789"
 CHAT = "/v1/chat/completions"

@@ -21,9 +21,9 @@ from support.cli import cli_path
 from support.model_server import Drop, Echo, Raw, ScriptedModelServer, token_id
 
 from gym_harness import HarnessEnv
-from gym_harness.records.chat_format import exchange_messages, exchange_records
 from gym_harness.capture.proxy import parse_sse
 from gym_harness.process import sandbox
+from gym_harness.records.chat_format import exchange_messages, exchange_records
 
 REAL_KEY = "sk-real-upstream-key-7f3a"
 KEY_VAR = "TEST_REAL_KEY"

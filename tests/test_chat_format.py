@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.model_server import ScriptedModelServer
 
-from gym_harness.records.chat_format import exchange_messages, exchange_tools
 from gym_harness.capture.proxy import ModelProxy
+from gym_harness.records.chat_format import exchange_messages, exchange_tools
 
 APIS = ("chat", "responses", "anthropic", "gemini")
 Msg = dict[str, Any]

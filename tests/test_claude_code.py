@@ -32,10 +32,10 @@ from support.model_server import ScriptedModelServer
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported, ProtocolError
-from gym_harness.records.events import EventType
 from gym_harness.harnesses import claude_code
 from gym_harness.harnesses.base import EpisodeContext
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness, ClaudeCodeSession
+from gym_harness.records.events import EventType
 
 make_ctx = functools.partial(episode_ctx, tool_names=("add", "echo"))
 

@@ -32,10 +32,10 @@ from support.model_server import ScriptedModelServer
 
 from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
-from gym_harness.records.events import EventType
 from gym_harness.harnesses.base import EpisodeContext, Launch
 from gym_harness.harnesses.codex import CodexHarness, CodexSession, native_codex
 from gym_harness.harnesses.codex_config import _NATIVE
+from gym_harness.records.events import EventType
 
 # ---------------------------------------------------------------- offline
 

@@ -20,9 +20,9 @@ from test_model_endpoint import no_tools, post
 
 from gym_harness import HarnessEnv, RewardContext
 from gym_harness.capture.proxy import ModelProxy
-from gym_harness.records.events import EventType
 from gym_harness.model import ModelEndpoint
 from gym_harness.model._side import SideUpstream
+from gym_harness.records.events import EventType
 
 KEY_ENV = "GYM_HARNESS_TEST_SIDE_KEY"
 REAL_KEY = "sk-real-side-key-0123456789"

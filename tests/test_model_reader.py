@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_harness.records.chat_format import CONVERSATION_KEYS
 from gym_harness.model import BadRequest, ModelRequest, read_request
 from gym_harness.model.calls import CallKey
 from gym_harness.model.request import MAX_REQUEST_DEPTH, RequestReader
+from gym_harness.records.chat_format import CONVERSATION_KEYS
 
 DATA = Path(__file__).parent / "data" / "model_requests"
 CLIS = ("claude", "codex", "opencode", "qwen_code", "gemini_cli")

@@ -19,8 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_harness.records.chat_format import exchange_messages
-from gym_harness.records.exchanges import assemble, parse_sse
 from gym_harness.model import (
     ActionLimits,
     AnswerWriter,
@@ -34,6 +32,8 @@ from gym_harness.model import (
     parse_action,
     read_request,
 )
+from gym_harness.records.chat_format import exchange_messages
+from gym_harness.records.exchanges import assemble, parse_sse
 
 DATA = Path(__file__).parent / "data" / "model_requests"
 APIS = ("anthropic", "responses", "chat", "gemini")

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gym_harness.errors import ProtocolError
-from gym_harness.records.events import EventType
 from gym_harness.harnesses.line import CommandSession
+from gym_harness.records.events import EventType
 from gym_harness.utils.lines import LineSplitter
 
 LIMIT = 16

@@ -35,6 +35,10 @@ from gym_harness.capture.http import (
     read_body,
     send_json,
 )
+from gym_harness.capture.secrets import Redactor, carries, swap_credentials
+from gym_harness.errors import CaptureError, ConfigError
+from gym_harness.lifecycle import Lifecycle
+from gym_harness.loopback.service import LoopbackService
 from gym_harness.records.exchanges import (
     ModelExchange,
     SSEEvent,
@@ -44,10 +48,6 @@ from gym_harness.records.exchanges import (
     assemble,
     parse_sse,
 )
-from gym_harness.capture.secrets import Redactor, carries, swap_credentials
-from gym_harness.errors import CaptureError, ConfigError
-from gym_harness.lifecycle import Lifecycle
-from gym_harness.loopback.service import LoopbackService
 
 if TYPE_CHECKING:
     from gym_harness.capture.tokens import TokenStripper

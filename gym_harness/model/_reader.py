@@ -34,13 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_harness.model._shapes import WireTool, flat_item, flat_tools
 from gym_harness.records.chat_format import (
     CONVERSATION_KEYS,
     HEAD_KEYS,
     Conversation,
     exchange_tools,
 )
-from gym_harness.model._shapes import WireTool, flat_item, flat_tools
 from gym_harness.utils import bounded_json
 
 __all__ = [

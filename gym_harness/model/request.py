@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_harness.records.exchanges import api_of
 from gym_harness.model._reader import (
     MAX_REQUEST_BYTES,
     MAX_REQUEST_DEPTH,
@@ -30,6 +29,7 @@ from gym_harness.model._reader import (
     read_parsed,
 )
 from gym_harness.model._shapes import SAMPLING, WireTool
+from gym_harness.records.exchanges import api_of
 
 __all__ = [
     "MAX_REQUEST_BYTES",

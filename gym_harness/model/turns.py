@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
-from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.model.action import InvalidAction, assistant_message
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.records.trajectory import TurnRecord
 
 if TYPE_CHECKING:

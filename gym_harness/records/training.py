@@ -36,8 +36,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gym_harness.records.calls import SIDE_MODEL
 from gym_harness.records.chat_format import exchange_records
-from gym_harness.harnesses.base import SIDE_MODEL
 
 __all__ = ["SCHEMA_VERSION", "record_trace", "training_trace"]
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
-from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.outcome import Outcome
-
-if TYPE_CHECKING:
-    from gym_harness.model.calls import ModelCall
+from gym_harness.records.calls import ModelCall, assistant_message
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 
 __all__ = ["RewardContext", "RewardFn", "StepInfo", "Trajectory", "TurnRecord", "event_line"]
 
@@ -356,8 +354,6 @@ class Trajectory:
 
     def final_messages(self) -> list[dict[str, Any]]:
         """Model mode: the last main call's messages with its answer (``[]`` if none)."""
-        from gym_harness.model.action import assistant_message
-
         for call in reversed(self.calls):
             if not call.side and call.observation is not None and call.completion is not None:
                 return [*call.observation["messages"], assistant_message(call.completion)]
@@ -366,7 +362,7 @@ class Trajectory:
     def training_trace(
         self, is_side: Callable[[Mapping[str, Any]], bool] | None = None
     ) -> dict[str, Any]:
-        """The episode's token-level training trace, a plain dict (``gym_harness.records.training``).
+        """The episode's token-level training trace, a plain dict (``records/training.py``).
 
         One entry per main model call with the engine's own ids: in model mode from the
         actions (``token_ids``, ``logprobs``, ``prompt_token_ids``), in capture mode from
