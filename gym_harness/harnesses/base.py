@@ -61,6 +61,7 @@ __all__ = [
 #: The variable a forked episode's harness is started with: the parent episode's id.
 FORKED_FROM_VAR = "GYM_HARNESS_FORKED_FROM"
 
+
 @dataclass(frozen=True)
 class ForkOrigin:
     """The episode a turn-mode fork resumes (``Harness.forked``).
