@@ -32,8 +32,8 @@ from gym_harness.fork.parent import Forkable, Parent, child_trajectory
 
 if TYPE_CHECKING:
     from gym_harness.model.action import Completion
-    from gym_harness.model.calls import ModelCall
     from gym_harness.model.turns import ModelTurns
+    from gym_harness.records.calls import ModelCall
     from gym_harness.records.trajectory import Trajectory
 
 __all__ = ["ScriptedUser", "action_of", "difference", "replay"]

@@ -33,7 +33,6 @@ from gym_harness.model.action import (
     parse_action,
 )
 from gym_harness.model.answer import AnswerWriter, Usage, encode_answer, error_body
-from gym_harness.model.calls import ModelCall
 from gym_harness.model.endpoint import (
     EndpointConfig,
     EndpointError,
@@ -49,6 +48,7 @@ from gym_harness.model.request import (
     WireTool,
     read_request,
 )
+from gym_harness.records.calls import ModelCall
 
 __all__ = [
     "MAX_REQUEST_BYTES",
