@@ -29,15 +29,16 @@ _IMPORT_STRING = re.compile(r"(gym_harness(?:\.\w+)*):[\w.]+")
 #: as a process of its own: it imports nothing above the ground, and the registration
 #: names it as the reference agent's command. The root ``__init__`` is the public surface,
 #: on the top floor with the parts that load it (the CLI reads its version, a Ray worker
-#: imports it to register the env ids).
+#: imports it to register the env ids). ``usercode.py`` guards user code (reward,
+#: callbacks) for the modes' recorder, so it sits below ``modes/``.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "outcome", "utils", "config", "lifecycle", "tasks", "records", "agents"),
     ("loopback", "process"),
     ("bridge", "capture", "model", "harnesses"),
-    ("turn", "readiness"),
+    ("turn", "readiness", "usercode"),
     ("modes",),
     ("fork",),
-    ("env", "usercode", "spaces"),
+    ("env", "spaces"),
     ("vector", "rollout", "registration", "openenv", "", "__main__"),
 )
 #: Modules on their way to another part, left out of the part rules until they arrive:
