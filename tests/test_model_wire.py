@@ -3,7 +3,7 @@
 The requests under ``tests/data/model_requests`` are real: what Claude Code, Codex,
 OpenCode, Qwen Code and Gemini CLI sent (against tests/support/model_server.py, second model
 call of a turn that called the env tool ``add``). Answers are read back with the
-parsers the capture proxy uses (``capture.records.assemble``, ``chat_format``), which
+parsers the capture proxy uses (``records.exchanges.assemble``, ``chat_format``), which
 were written against the real APIs' streams.
 """
 
