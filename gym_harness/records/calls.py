@@ -73,7 +73,7 @@ class Completion:
     Attributes:
         content: The assistant's text ("" for none).
         tool_calls: The tool calls, in order.
-        stop_reason: One of :data:`STOP_REASONS`.
+        stop_reason: One of ``gym_harness.model.action.STOP_REASONS``.
         token_ids: The policy's token ids, kept for training (never sent to the harness).
         logprobs: The policy's log-probabilities, kept for training (never sent).
         usage: The policy's token counts, kept for training.
