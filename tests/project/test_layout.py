@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gym_harness"
+PACKAGE = Path(__file__).resolve().parents[2] / "gym_harness"
 _IMPORT_STRING = re.compile(r"(gym_harness(?:\.\w+)*):[\w.]+")
 
 #: Where model mode's step reads the env (the env hands it an ``Episode``).

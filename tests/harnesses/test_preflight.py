@@ -18,7 +18,7 @@ from support.cli import CLIS as SUPPORTED_CLIS
 from gym_harness import ConfigError, HarnessEnv
 from gym_harness.harnesses._common import NPM_PACKAGES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: harness name -> (its command, the key variable its error must name)
 CLIS = {

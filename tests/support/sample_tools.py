@@ -1,4 +1,7 @@
-"""Tools for the tests, importable by string ("sample_tools:TOOLS", "sample_tools:server")."""
+"""Tools for the tests, importable by string.
+
+As ``"support.sample_tools:TOOLS"`` and ``"support.sample_tools:server"``.
+"""
 
 from __future__ import annotations
 

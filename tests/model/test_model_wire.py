@@ -35,7 +35,7 @@ from gym_harness.model import (
     read_request,
 )
 
-DATA = Path(__file__).parent / "data" / "model_requests"
+DATA = Path(__file__).parents[1] / "data" / "model_requests"
 APIS = ("anthropic", "responses", "chat", "gemini")
 #: The env tool ``add`` as each CLI offered it.
 ENV_TOOL = {

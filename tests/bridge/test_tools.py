@@ -8,10 +8,10 @@ import sys
 import time
 
 import pytest
-import sample_tools
 from fastmcp import FastMCP
 from hypothesis import given
 from hypothesis import strategies as st
+from support import sample_tools
 
 from gym_harness.bridge.tools import (
     INTERNAL_TAG,
@@ -125,14 +125,22 @@ def test_served_specs_drop_internal_and_reward() -> None:
     assert names == ["echo", "add"]
 
 
-@pytest.mark.parametrize("spec", ["sample_tools:TOOLS", "sample_tools:server"])
+@pytest.mark.parametrize("spec", ["support.sample_tools:TOOLS", "support.sample_tools:server"])
 def test_load_import_string(spec: str) -> None:
     names = {s.name for s in served_tool_specs(load_tools(spec))}
     assert names == {"echo", "add"}
 
 
 @pytest.mark.parametrize(
-    "spec", ["sample_tools", "sample_tools:missing", "no_such_module_xyz:TOOLS", ":x", 42, [1]]
+    "spec",
+    [
+        "support.sample_tools",
+        "support.sample_tools:missing",
+        "no_such_module_xyz:TOOLS",
+        ":x",
+        42,
+        [1],
+    ],
 )
 def test_bad_specs_are_config_errors(spec: object) -> None:
     with pytest.raises(ConfigError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "gym_harness" / "agents" / "reference.py"
 
 # Run in a fresh interpreter: this test process may have imported mcp (and its client)

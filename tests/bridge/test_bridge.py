@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 import httpx2
 import psutil
 import pytest
-import sample_tools
 from fastmcp import Client, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
+from support import sample_tools
 from support.gate import Gate
 
 from gym_harness.bridge.server import MCPBridge
@@ -268,7 +268,7 @@ def test_start_failure_is_a_bridge_error(tmp_path: Path) -> None:
             """
             import os, resource, sys
             sys.path.insert(0, sys.argv[1])
-            import sample_tools
+            from support import sample_tools
             from gym_harness.bridge.server import MCPBridge
             from gym_harness.errors import BridgeError
             bridge = MCPBridge(sample_tools.TOOLS)
@@ -282,7 +282,7 @@ def test_start_failure_is_a_bridge_error(tmp_path: Path) -> None:
             """
         )
     )
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).parents[1])
     done = subprocess.run(
         [sys.executable, str(script), tests_dir], capture_output=True, text=True, timeout=60
     )

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("openenv.core.harness")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 
 
 @pytest.mark.timeout(300)

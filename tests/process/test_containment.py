@@ -109,7 +109,7 @@ def test_close_ends_a_hostile_tree_and_its_workspace(mode: str, tmp_path: Path) 
     pidfile.touch()
     readers = _stderr_readers()
     # Unconfined: the tree writes its pids outside its workspace, and keeper_killer kills
-    # its keeper; a confined harness may do neither (tests/test_sandbox.py).
+    # its keeper; a confined harness may do neither (tests/process/test_sandbox.py).
     command = list(hostile_config(mode, pidfile).command)
     env = HarnessEnv("command", command=command, sandbox="off")
     try:

@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 
 import gym_harness
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 #: A Markdown link or image target: ``[text](target)``.

@@ -20,7 +20,7 @@ from gym_harness import (
 )
 from gym_harness.rollout.local import run_episode
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 #: Every rollout record's keys, in order (the local, Ray and lost-worker records alike).
 RECORD_KEYS = [

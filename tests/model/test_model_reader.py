@@ -23,7 +23,7 @@ from gym_harness.model import BadRequest, ModelRequest, read_request
 from gym_harness.model.calls import CallKey
 from gym_harness.model.request import MAX_REQUEST_DEPTH, RequestReader
 
-DATA = Path(__file__).parent / "data" / "model_requests"
+DATA = Path(__file__).parents[1] / "data" / "model_requests"
 CLIS = ("claude", "codex", "opencode", "qwen_code", "gemini_cli")
 
 

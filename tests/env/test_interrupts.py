@@ -38,7 +38,7 @@ TRIALS = 50
 #: SIGINTs come at random within this long after each trial starts: a trial's resets,
 #: steps and close take about that long.
 SPREAD_S = {"turns": 1.5, "model": 1.5}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child_env(tmp: Path) -> dict[str, str]:

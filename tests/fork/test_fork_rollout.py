@@ -24,7 +24,7 @@ from gym_harness import ConfigError
 from gym_harness.rollout import local_rollout
 from gym_harness.tasks import load_tasks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = [
     '{"id": "add", "prompt": "/call add {\\"a\\": 2, \\"b\\": 3}"}',
     '{"id": "echo", "prompt": "hello"}',

@@ -21,7 +21,7 @@ from gym_harness.process.keeper_client import hold, unhold
 from gym_harness.readiness import start_ready
 
 OWNER = OWNER_SCRIPT
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def start_family(proc: HarnessProcess) -> list[int]:

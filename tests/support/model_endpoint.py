@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.model_server import QuietHandler, read_body, serve_in_thread
-
 from gym_harness.capture.records import api_of
 from gym_harness.model import (
     AnswerWriter,
@@ -35,6 +33,7 @@ from gym_harness.model import (
     parse_action,
     read_request,
 )
+from support.model_server import QuietHandler, read_body, serve_in_thread
 
 Policy = Callable[[dict[str, Any]], str]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT_S = 120
 NAMES = ["quickstart.ipynb", "custom_tools_and_rewards.ipynb", "you_are_the_model.ipynb"]
 

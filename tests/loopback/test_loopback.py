@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A bridge whose one tool blocks until released; a client calls it, and the bridge is
 # stopped while the call is in flight (as when an episode ends during a harness's call).

@@ -9,7 +9,7 @@ import pytest
 
 from gym_harness import Outcome
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _rows() -> list[tuple[str, str, str]]:

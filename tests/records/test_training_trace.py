@@ -26,7 +26,7 @@ from gym_harness import HarnessEnv, RewardContext
 from gym_harness.traces import record_trace, training_trace
 
 #: The worktree: the subprocesses import the package from here.
-WORKTREE = Path(__file__).resolve().parent.parent
+WORKTREE = Path(__file__).resolve().parents[2]
 
 
 def add(a: int, b: int) -> int:

@@ -19,7 +19,7 @@ from support import LINE_AGENT
 from gym_harness.agents.demo import demo_tasks
 
 AGENT = str(LINE_AGENT)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CompletedRun = subprocess.CompletedProcess[str]
 
 

@@ -18,7 +18,7 @@ import pytest
 from gym_harness.errors import ConfigError
 from gym_harness.utils.imports import import_optional
 
-WORKTREE = Path(__file__).resolve().parent.parent
+WORKTREE = Path(__file__).resolve().parents[2]
 ABSENT = "gym_harness_absent_extra"  # a module no environment installs
 
 #: Run in a directory that holds an empty ``ray/``: the installed Ray is hidden (a path

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from model_endpoint import ModelEndpoint
 from support.cli import Calls, cli_env, cli_path, real_cli
+from support.model_endpoint import ModelEndpoint
 
 from gym_harness.harnesses.claude_code import ClaudeCodeHarness
 from gym_harness.harnesses.codex import CodexHarness

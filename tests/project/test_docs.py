@@ -30,7 +30,7 @@ from gym_harness import HarnessConfig, HarnessEnv
 from gym_harness.harnesses.registry import HARNESSES
 from gym_harness.rollout.keywords import config_fields, expand_generated
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
