@@ -17,6 +17,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 from support import LINE_AGENT
+from support.envs import line_env
 
 import gym_harness
 from gym_harness import ConfigError, HarnessEnv, RewardContext, ToolConflictError, tool_tags
@@ -45,11 +46,6 @@ class Rewards:
     def __call__(self, ctx: RewardContext) -> float:
         self.seen.append(ctx)
         return 0.5
-
-
-def line_env(mode: str = "echo", **kwargs: Any) -> HarnessEnv:
-    kwargs.setdefault("command", [sys.executable, AGENT, mode])
-    return HarnessEnv("command", **kwargs)
 
 
 def assert_info(info: dict[str, Any]) -> None:

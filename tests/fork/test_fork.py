@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 from gymnasium.error import ResetNeeded
-from support import LIGHT_MODEL_AGENT, LINE_AGENT, MODEL_AGENT
+from support import LIGHT_MODEL_AGENT, LINE_AGENT
+from support.envs import model_env
 from support.model_server import ScriptedModelServer
 
 from gym_harness import ConfigError, ForkDiverged, ForkUnsupported, HarnessEnv
@@ -42,18 +43,6 @@ def now() -> str:
 KINDS = ["reference", "command"]
 
 
-def make_env(kind: str, tools: list[Any], **kwargs: Any) -> HarnessEnv:
-    options: dict[str, Any] = {
-        "mode": "model",
-        "tools": tools,
-        "tasks": [{"id": "t", "prompt": "what is 2+3?"}],
-        **kwargs,
-    }
-    if kind == "command":
-        return HarnessEnv("command", command=[sys.executable, str(MODEL_AGENT)], **options)
-    return HarnessEnv("reference", **options)
-
-
 def call(name: str, **arguments: Any) -> str:
     return json.dumps({"content": "", "tool_calls": [{"name": name, "arguments": arguments}]})
 
@@ -72,7 +61,7 @@ def to_call_3(env: HarnessEnv, tool: str = "add") -> str:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_model_mode_fork_replays_to_the_parents_call_and_goes_its_own_way(kind: str) -> None:
     RAN.clear()
-    env = make_env(kind, [add])
+    env = model_env(kind, [add])
     child = None
     try:
         obs = to_call_3(env)
@@ -112,7 +101,7 @@ def test_a_model_mode_fork_replays_to_the_parents_call_and_goes_its_own_way(kind
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_tool_that_returns_the_time_diverges(kind: str) -> None:
-    env = make_env(kind, [now])
+    env = model_env(kind, [now])
     try:
         obs = to_call_3(env, "now")
         with pytest.raises(ForkDiverged, match=r"diverged at model call 2: messages\[\d+\]"):
@@ -131,7 +120,7 @@ def test_a_tool_that_returns_the_time_diverges(kind: str) -> None:
 
 
 def test_only_a_running_episode_forks() -> None:
-    env = make_env("command", [add])
+    env = model_env("command", [add])
     try:
         with pytest.raises(ResetNeeded, match=r"fork\(\) needs a running episode"):
             env.fork()

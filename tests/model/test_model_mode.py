@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT, MODEL_AGENT
+from support.envs import model_env
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness import ConfigError, HarnessEnv, RewardContext
@@ -43,19 +44,6 @@ TASKS = [{"id": "t", "prompt": "what is 2+3?"}]
 KINDS = ["reference", "command"]
 
 
-def make_env(kind: str, prompt: str = "what is 2+3?", **kwargs: Any) -> HarnessEnv:
-    options: dict[str, Any] = {
-        "mode": "model",
-        "tools": [add],
-        "tasks": [{"id": "t", "prompt": prompt}],
-        "reward_fn": reward,
-        **kwargs,
-    }
-    if kind == "command":
-        return HarnessEnv("command", command=[sys.executable, str(MODEL_AGENT)], **options)
-    return HarnessEnv("reference", **options)
-
-
 def call_add(a: int = 2, b: int = 3, **extra: Any) -> str:
     return json.dumps(
         {"content": "", "tool_calls": [{"name": "add", "arguments": {"a": a, "b": b}}], **extra}
@@ -70,7 +58,7 @@ def tool_names(request: dict[str, Any]) -> list[str]:
 def test_episode_prompt_tool_result_text_end_and_final_conversation(kind: str) -> None:
     """(a) (b) (c) (l): prompt and tool first, a tool call runs, text ends it, scored."""
     RAN.clear()
-    env = make_env(kind)
+    env = model_env(kind, [add], reward_fn=reward)
     try:
         obs, info = env.reset(seed=0)
         assert info["error_type"] == "", info["error"]
@@ -106,7 +94,7 @@ def test_episode_prompt_tool_result_text_end_and_final_conversation(kind: str) -
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_json_object_without_message_keys_is_text(kind: str) -> None:
-    env = make_env(kind)
+    env = model_env(kind, [add], reward_fn=reward)
     try:
         env.reset(seed=0)
         obs, rew, term, _, info = env.step('{"answer": 5}')
@@ -133,7 +121,7 @@ def test_malformed_action_is_invalid_action(kind: str, case: str) -> None:
     """(d): a bad action is data: terminated, reward 0.0, the reason in info."""
     action, needle = BAD_ACTIONS[case]
     RAN.clear()
-    env = make_env(kind)
+    env = model_env(kind, [add], reward_fn=reward)
     try:
         env.reset(seed=0)
         obs, rew, term, trunc, info = env.step(action)
@@ -153,7 +141,7 @@ def test_malformed_action_is_invalid_action(kind: str, case: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(kind: str) -> None:
     """(e)"""
-    env = make_env(kind)
+    env = model_env(kind, [add], reward_fn=reward)
     try:
         env.reset(seed=0)
         assert env.process is not None and env.process.pid is not None
@@ -170,7 +158,7 @@ def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(kind: str) -> 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_slow_policy_causes_no_retry_and_no_duplicate_step(kind: str) -> None:
     """(f): the policy thinks 20 s on one call; the harness waits for it."""
-    env = make_env(kind, policy_timeout_s=40.0)
+    env = model_env(kind, [add], reward_fn=reward, policy_timeout_s=40.0)
     try:
         obs, _ = env.reset(seed=0)
         if kind == "reference":  # its HTTP client outwaits the policy
@@ -234,7 +222,7 @@ def test_user_fn_sends_a_second_user_message(kind: str) -> None:
         seen.append(len(trajectory.turns))
         return "and 1+4?" if len(trajectory.turns) == 1 else None
 
-    env = make_env(kind, user_fn=user_fn)
+    env = model_env(kind, [add], reward_fn=reward, user_fn=user_fn)
     try:
         env.reset(seed=0)
         obs, rew, term, trunc, info = env.step("2+3 is 5")
@@ -253,14 +241,16 @@ def test_user_fn_sends_a_second_user_message(kind: str) -> None:
 
 
 def test_user_fn_by_import_string() -> None:
-    env = make_env("reference", user_fn="json:dumps")
+    env = model_env("reference", [add], reward_fn=reward, user_fn="json:dumps")
     env.close()
 
 
 @pytest.mark.parametrize("model_calls", ["main", "all"])
 def test_side_calls_get_a_fixed_answer_or_become_steps(model_calls: str) -> None:
     """(i): the Command agent makes a side call (model gym-side) before the main one."""
-    env = make_env("command", prompt="side: what is 2+3?", model_calls=model_calls)
+    env = model_env(
+        "command", [add], reward_fn=reward, prompt="side: what is 2+3?", model_calls=model_calls
+    )
     try:
         obs, info = env.reset(seed=0)
         request = json.loads(obs)
@@ -289,7 +279,7 @@ def test_a_harness_stalling_after_the_answer_times_out(limit: str) -> None:
     """(j): after an action, the turn and idle limits bound the wait for the next call."""
     # Room for the reset's turn (the agent's start, its first call) on a loaded machine.
     limits = {"turn_timeout_s": 60.0, "idle_timeout_s": 60.0, limit: 5.0}
-    env = make_env("command", prompt="stall: what is 2+3?", **limits)
+    env = model_env("command", [add], reward_fn=reward, prompt="stall: what is 2+3?", **limits)
     try:
         env.reset(seed=0)
         _, rew, term, trunc, info = env.step(call_add())
@@ -306,7 +296,7 @@ def test_a_policy_thinking_between_steps_never_times_the_turn_out(kind: str) -> 
     # Limits the harness's own work between two calls fits in even on a machine so loaded
     # that a process stalls for seconds (5 s was seen to be too little), and a policy that
     # thinks longer than both.
-    env = make_env(kind, turn_timeout_s=15.0, idle_timeout_s=12.0)
+    env = model_env(kind, [add], reward_fn=reward, turn_timeout_s=15.0, idle_timeout_s=12.0)
     try:
         env.reset(seed=0)
         time.sleep(16)
@@ -390,7 +380,7 @@ def error_events(info: dict[str, Any]) -> list[str]:
 def test_an_answer_after_policy_timeout_is_not_delivered_and_truncates(kind: str) -> None:
     """The harness got a 504; the late answer is not shown or scored as delivered."""
     RAN.clear()
-    env = make_env(kind, policy_timeout_s=1.0)
+    env = model_env(kind, [add], reward_fn=reward, policy_timeout_s=1.0)
     try:
         env.reset(seed=0)
         obs, _, term, trunc, info = env.step(call_add())  # in time
@@ -429,7 +419,9 @@ def test_an_answer_after_policy_timeout_is_not_delivered_and_truncates(kind: str
 def test_calls_timing_out_while_the_policy_is_late_are_all_told() -> None:
     """The harness retries while the policy thinks; each retry times out too."""
     RAN.clear()
-    env = make_env("command", prompt="retry: what is 2+3?", policy_timeout_s=1.0)
+    env = model_env(
+        "command", [add], reward_fn=reward, prompt="retry: what is 2+3?", policy_timeout_s=1.0
+    )
     try:
         obs, _ = env.reset(seed=0)
         first = json.loads(obs)["request_id"]
@@ -505,7 +497,7 @@ def test_a_user_fn_that_raises_is_user_fn_error(caplog: pytest.LogCaptureFixture
 
 
 def test_a_user_fn_that_returns_no_str_is_user_fn_error() -> None:
-    env = make_env("reference", user_fn=lambda trajectory: 5)
+    env = model_env("reference", [add], reward_fn=reward, user_fn=lambda trajectory: 5)
     try:
         env.reset(seed=0)
         _, rew, term, trunc, info = env.step("2+3 is 5")

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from typing import Any
 
 import pytest
-from support import MODEL_AGENT
+from support.envs import model_env
 from support.model_server import Raw, ScriptedModelServer
 from test_model_endpoint import no_tools, post
 
@@ -35,19 +34,6 @@ def add(a: int, b: int) -> int:
 
 def reward(ctx: RewardContext) -> float:
     return 1.0 if "5" in ctx.response else 0.25
-
-
-def make_env(upstream: str) -> HarnessEnv:
-    return HarnessEnv(
-        "command",
-        command=[sys.executable, str(MODEL_AGENT)],
-        mode="model",
-        upstream=upstream,
-        upstream_api_key_env=KEY_ENV,
-        tools=[add],
-        tasks=[{"id": "t", "prompt": "side: what is 2+3?"}],
-        reward_fn=reward,
-    )
 
 
 def play(env: HarnessEnv) -> tuple[list[Any], list[str]]:
@@ -77,7 +63,14 @@ def test_a_side_call_goes_upstream_with_the_real_key(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(KEY_ENV, REAL_KEY)
     with ScriptedModelServer() as upstream:
         upstream.reply("Sums from upstream")
-        env = make_env(upstream.base_url)
+        env = model_env(
+            "command",
+            [add],
+            prompt="side: what is 2+3?",
+            upstream=upstream.base_url,
+            upstream_api_key_env=KEY_ENV,
+            reward_fn=reward,
+        )
         try:
             events, texts = play(env)
             token = env._model.endpoint.token if env._model else ""
@@ -106,7 +99,14 @@ def test_an_unreachable_upstream_gives_the_side_call_a_502(
     monkeypatch.setenv(KEY_ENV, REAL_KEY)
     with socket.socket() as sock:  # a port nothing listens on (bound, never listening)
         sock.bind(("127.0.0.1", 0))
-        env = make_env(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        env = model_env(
+            "command",
+            [add],
+            prompt="side: what is 2+3?",
+            upstream=f"http://127.0.0.1:{sock.getsockname()[1]}",
+            upstream_api_key_env=KEY_ENV,
+            reward_fn=reward,
+        )
         try:
             _, texts = play(env)
             assert "[title: failed 502] " in texts

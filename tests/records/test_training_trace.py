@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import MODEL_AGENT
+from support.envs import model_env
 
-from gym_harness import HarnessEnv, RewardContext
+from gym_harness import RewardContext
 from gym_harness.traces import record_trace, training_trace
 
 #: The worktree: the subprocesses import the package from here.
@@ -38,17 +38,6 @@ def reward(ctx: RewardContext) -> float:
     return 1.0 if "5" in ctx.response else 0.25
 
 
-def model_env(prompt: str = "what is 2+3?") -> HarnessEnv:
-    return HarnessEnv(
-        "command",
-        command=[sys.executable, str(MODEL_AGENT)],
-        mode="model",
-        tools=[add],
-        tasks=[{"id": "t", "prompt": prompt}],
-        reward_fn=reward,
-    )
-
-
 def action(content: str = "", tool: bool = False, **traces: Any) -> str:
     calls = [{"name": "add", "arguments": {"a": 2, "b": 3}}] if tool else []
     return json.dumps({"content": content, "tool_calls": calls, **traces})
@@ -56,7 +45,7 @@ def action(content: str = "", tool: bool = False, **traces: Any) -> str:
 
 def episode(first: dict[str, Any], second: dict[str, Any], prompt: str = "what is 2+3?") -> Any:
     """Tool call, then the answer; returns the trajectory and the two observations."""
-    env = model_env(prompt)
+    env = model_env("command", [add], prompt=prompt, reward_fn=reward)
     try:
         obs, info = env.reset(seed=0)
         assert info["error_type"] == "", info
