@@ -28,12 +28,6 @@ REAL_KEY = "sk-real-upstream-key"
 
 
 @pytest.fixture
-def srv() -> Iterator[ScriptedModelServer]:
-    with ScriptedModelServer(tool="add", arguments=ADD) as server:
-        yield server
-
-
-@pytest.fixture
 def proxy(srv: ScriptedModelServer) -> Iterator[ModelProxy]:
     with ModelProxy(srv.base_url, api_key=REAL_KEY, timeout_s=5) as p:
         yield p

@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +83,10 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@pytest.fixture
-def srv(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
+@pytest.fixture(autouse=True)
+def real_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upstream key the env reads (by name) and must keep from the harness."""
     monkeypatch.setenv(KEY_VAR, REAL_KEY)
-    with ScriptedModelServer(tool="add", arguments={"a": 2, "b": 3}) as server:
-        yield server
-        server.release()  # a stalled request must not outlive the test
 
 
 def reference_env(srv: ScriptedModelServer, **kwargs: Any) -> HarnessEnv:

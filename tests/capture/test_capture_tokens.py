@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,9 @@ TOKEN_FIELDS = ("prompt_token_ids", "token_ids", '"logprob"')
 
 
 @pytest.fixture
-def srv() -> Iterator[ScriptedModelServer]:
-    with ScriptedModelServer() as server:
-        yield server
+def srv_options() -> dict[str, Any]:
+    """The scripted server answers with text: no tool call."""
+    return {}
 
 
 def chat(proxy: ModelProxy, body: dict[str, Any]) -> httpx.Response:

@@ -76,32 +76,6 @@ def write(cli: str, env: HarnessEnv, name: str, text: str) -> str:
     return call(tool, arguments(env.workspace / name, text))
 
 
-@pytest.fixture
-def make_env(monkeypatch: pytest.MonkeyPatch, cli: str) -> Any:
-    command, key_var = CLIS[cli]
-    monkeypatch.setenv(key_var, "test-key")  # a dummy: the env gives the CLI its own key
-    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
-    executable = cli_path(command)
-
-    def make(calls: Calls) -> HarnessEnv:
-        # Codex's own sandbox cannot start inside the env's confinement (which still holds).
-        own = {"model": "m1", "executable": executable}
-        harness: Any = CodexHarness(**own, sandbox="danger-full-access") if cli == "codex" else cli
-        return HarnessEnv(
-            harness,
-            mode="model",
-            **({} if cli == "codex" else own),
-            tools=calls.tools(),
-            tasks=[{"id": "t", "prompt": PROMPT}],
-            startup_timeout_s=60,
-            turn_timeout_s=180,
-            idle_timeout_s=120,
-            **CHANGES.get(cli, {}),
-        )
-
-    return make
-
-
 def step(env: HarnessEnv, action: str) -> dict[str, Any]:
     obs, _, terminated, truncated, info = env.step(action)
     assert (terminated, truncated, info["error_type"]) == (False, False, ""), info
@@ -118,7 +92,22 @@ def finish(env: HarnessEnv, cli: str, name: str, text: str) -> None:
 @pytest.mark.parametrize("cli", list(CLIS))
 def test_a_cli_forked_at_call_3_replays_its_tools_and_files(cli: str, make_env: Any) -> None:
     calls = Calls()
-    env = make_env(calls)
+    # Codex's own sandbox cannot start inside the env's confinement (which still holds).
+    harness = (
+        CodexHarness(
+            model="m1", executable=cli_path(CLIS["codex"][0]), sandbox="danger-full-access"
+        )
+        if cli == "codex"
+        else None
+    )
+    env = make_env(
+        calls,
+        PROMPT,
+        harness=harness,
+        turn_timeout_s=180,
+        idle_timeout_s=120,
+        **CHANGES.get(cli, {}),
+    )
     child = None
     try:
         obs, info = env.reset(seed=0)

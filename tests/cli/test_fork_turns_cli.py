@@ -29,7 +29,7 @@ def recalling_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelSe
         yield server
 
 
-def make_env(cli: str, server: ScriptedModelServer) -> HarnessEnv:
+def session_env(cli: str, server: ScriptedModelServer) -> HarnessEnv:
     harness: Any
     if cli == "claude_code":
         harness = ClaudeCodeHarness(
@@ -60,7 +60,7 @@ def said(reply: str) -> list[str]:
 def test_a_forked_cli_session_carries_the_first_two_turns_and_no_more(
     cli: str, recalling_model: ScriptedModelServer
 ) -> None:
-    env = make_env(cli, recalling_model)
+    env = session_env(cli, recalling_model)
     child = None
     try:
         env.reset(seed=0)

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import pytest
-from support.cli import CLIS, Calls, cli_path, real_cli
+from support.cli import CLIS, Calls, real_cli
 
 from gym_harness import HarnessEnv
 from gym_harness.outcome import Outcome
@@ -41,33 +41,6 @@ SLOW_S = 20
 def reward(ctx: RewardContext) -> float:
     """0.75 when the reply gives the sum, else 0.25 (either tells the reward came from here)."""
     return 0.75 if "42" in ctx.response else 0.25
-
-
-@pytest.fixture
-def make_env(monkeypatch: pytest.MonkeyPatch, cli: str) -> Any:
-    """``make_env(calls)``: a model-mode env over the real CLI ``cli`` with ``calls``' tools."""
-    command, key_var = CLIS[cli]
-    # A dummy key: the env gives the CLI its endpoint's own, and no real one may leak in.
-    monkeypatch.setenv(key_var, "test-key")
-    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
-    executable = cli_path(command)
-
-    def make(calls: Calls, **changes: Any) -> HarnessEnv:
-        return HarnessEnv(
-            cli,
-            mode="model",
-            model="m1",
-            executable=executable,
-            tools=calls.tools(),
-            tasks=[{"id": "t", "prompt": PROMPT}],
-            reward_fn=reward,
-            startup_timeout_s=60,
-            turn_timeout_s=120,
-            idle_timeout_s=90,
-            **changes,
-        )
-
-    return make
 
 
 def env_tool(observation: dict[str, Any]) -> str | None:
@@ -136,7 +109,7 @@ def test_tool_call_then_text_ends_the_episode_with_the_reward(
     if tier == "strict" and sandbox.report("strict")["missing"]:
         pytest.skip(f"strict is not available here: {sandbox.report('strict')['missing']}")
     calls = Calls()
-    env = make_env(calls, sandbox=tier)
+    env = make_env(calls, PROMPT, reward_fn=reward, sandbox=tier)
     try:
         episode(env, calls)
     finally:
@@ -149,7 +122,7 @@ def test_a_policy_that_takes_20_s_causes_no_retry_and_no_duplicate_step(
     cli: str, make_env: Any
 ) -> None:
     calls = Calls()
-    env = make_env(calls)
+    env = make_env(calls, PROMPT, reward_fn=reward)
     try:
         episode(env, calls, think_s=SLOW_S)
     finally:
@@ -160,7 +133,7 @@ def test_a_policy_that_takes_20_s_causes_no_retry_and_no_duplicate_step(
 @pytest.mark.parametrize("cli", list(CLIS))
 def test_a_malformed_action_is_invalid_action(cli: str, make_env: Any) -> None:
     calls = Calls()
-    env = make_env(calls)
+    env = make_env(calls, PROMPT, reward_fn=reward)
     try:
         for action in (
             call_tool("no_such_tool", {}),  # a tool the request did not offer
@@ -185,7 +158,7 @@ def test_a_malformed_action_is_invalid_action(cli: str, make_env: Any) -> None:
 @pytest.mark.parametrize("cli", list(CLIS))
 def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(cli: str, make_env: Any) -> None:
     calls = Calls()
-    env = make_env(calls)
+    env = make_env(calls, PROMPT, reward_fn=reward)
     try:
         obs, info = env.reset()
         assert info["error_type"] == "", info
@@ -207,7 +180,7 @@ def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(cli: str, make
 @pytest.mark.parametrize("cli", ["gemini_cli"])
 def test_an_answer_after_policy_timeout_is_policy_timeout(cli: str, make_env: Any) -> None:
     calls = Calls()
-    env = make_env(calls, policy_timeout_s=2.0)
+    env = make_env(calls, PROMPT, reward_fn=reward, policy_timeout_s=2.0)
     try:
         obs, info = env.reset()
         assert info["error_type"] == "", info

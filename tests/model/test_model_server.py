@@ -16,12 +16,6 @@ ADD = {"a": 2, "b": 3}
 
 
 @pytest.fixture
-def srv() -> Iterator[ScriptedModelServer]:
-    with ScriptedModelServer(tool="add", arguments=ADD) as server:
-        yield server
-
-
-@pytest.fixture
 def client(srv: ScriptedModelServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=srv.base_url, timeout=10) as c:
         yield c
