@@ -81,6 +81,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # 50 trials of about a second each, and their checks
 @pytest.mark.parametrize("mode", ["turns", "model"])
 def test_ctrl_c_at_random_instants_leaves_nothing_and_shifts_no_reply(

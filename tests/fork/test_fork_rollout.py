@@ -25,6 +25,8 @@ from gym_harness.rollout import local_rollout
 from gym_harness.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # a whole rollout or runtime per test
+
 TASKS = [
     '{"id": "add", "prompt": "/call add {\\"a\\": 2, \\"b\\": 3}"}',
     '{"id": "echo", "prompt": "hello"}',

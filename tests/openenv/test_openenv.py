@@ -48,6 +48,7 @@ from gym_harness.openenv import (
 
 #: The pieces the scripted model server answers "x y" with (one token id each).
 PIECES = ["you", " said:", " x", " y"]
+pytestmark = pytest.mark.slow  # a whole rollout or runtime per test
 
 
 def reward(ctx: RewardContext) -> float:

@@ -55,6 +55,7 @@ def trial(user: tuple[str, list[str], Path], tier: str) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tier", ["auto", "strict"])
 def test_every_escape_is_denied(user: tuple[str, list[str], Path], tier: str) -> None:
@@ -70,6 +71,7 @@ def test_every_escape_is_denied(user: tuple[str, list[str], Path], tier: str) ->
     assert report["sandbox"]["missing"] == {}, report["sandbox"]  # all of it, on this kernel
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_off_allows_what_auto_denies(user: tuple[str, list[str], Path]) -> None:
     report = trial(user, "off")

@@ -16,6 +16,8 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT_S = 120
+pytestmark = pytest.mark.slow  # a whole rollout or runtime per test
+
 NAMES = ["quickstart.ipynb", "custom_tools_and_rewards.ipynb", "you_are_the_model.ipynb"]
 
 

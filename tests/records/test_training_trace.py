@@ -72,6 +72,7 @@ SECOND = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_model_mode_trace_holds_the_actions_ids_masked_over_the_completion() -> None:
     trajectory, seen, record = episode(FIRST, SECOND, prompt="side: what is 2+3?")
@@ -98,6 +99,7 @@ def test_model_mode_trace_holds_the_actions_ids_masked_over_the_completion() -> 
     assert record_trace(json.loads(json.dumps(record))) == trace
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("second", "why"),
@@ -131,6 +133,7 @@ def test_an_episode_without_model_calls_is_not_token_level() -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_import_gym_harness_loads_no_trainer_library() -> None:
     code = (
@@ -172,6 +175,7 @@ except ImportError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_without_the_extra_the_bridge_says_how_to_install_it(tmp_path: Path) -> None:
     (tmp_path / "openenv").mkdir()  # a stray folder of the same name is no install either

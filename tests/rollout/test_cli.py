@@ -25,7 +25,7 @@ CompletedRun = subprocess.CompletedProcess[str]
 
 #: The commands here take seconds; the bounds leave room for a machine shared with other
 #: test runs (load averages of 30 on 2 cores were seen), never for a hang.
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -42,7 +42,7 @@ for line in sys.stdin:
 
 
 #: Each test takes seconds; the bounds leave room for a machine shared with other runs.
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 class Terminal:

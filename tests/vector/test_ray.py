@@ -38,11 +38,12 @@ from gym_harness.rollout.ray import RayVectorEnv, ray_rollout  # noqa: E402
 
 AGENT = str(LINE_AGENT)
 HALF_CPU = {"num_cpus": 0.5}  # 4 sub-envs on the 2 CPUs the test instance has
+
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
 #: One Ray cluster: every test of this module runs on the same test worker.
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")
