@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT, MODEL_AGENT
+from support.clock import Clock
 from support.envs import model_env
 
 import gym_harness  # noqa: F401  (registers the env ids)
@@ -156,8 +157,13 @@ def test_sigkill_while_the_policy_holds_a_call_is_harness_crashed(kind: str) -> 
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_slow_policy_causes_no_retry_and_no_duplicate_step(kind: str) -> None:
-    """(f): the policy thinks 20 s on one call; the harness waits for it."""
+def test_a_slow_policy_causes_no_retry_and_no_duplicate_step(kind: str, clock: Clock) -> None:
+    """(f): the policy thinks 20 s on one call (on the env's clock); the harness waits for it.
+
+    The harness's side of the rule is its own HTTP timeout, which outwaits the policy's
+    (checked on the reference agent's command line); the env's side, no policy timeout
+    and no second record of the call, is checked after 20 s on the env's clock.
+    """
     env = model_env(kind, [add], reward_fn=reward, policy_timeout_s=40.0)
     try:
         obs, _ = env.reset(seed=0)
@@ -165,7 +171,7 @@ def test_a_slow_policy_causes_no_retry_and_no_duplicate_step(kind: str) -> None:
             assert env.process is not None and env.process.pid is not None
             cmdline = psutil.Process(env.process.pid).cmdline()
             assert cmdline[cmdline.index("--request-timeout") + 1] == "100.0"
-        time.sleep(20)
+        clock.advance(20)
         obs2, _, term, _, info = env.step(call_add())
         assert info["error_type"] == "" and not term, info["error"]
         _, rew, term, _, info = env.step("5")
