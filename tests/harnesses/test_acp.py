@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import psutil
 import pytest
 from support.cli import (
     Calls,
-    adding_model,
     assert_gone,
     cli_env,
     cli_path,
@@ -226,10 +224,9 @@ OPENAI_AGENTS = ["opencode", "qwen_code", "claude_agent_acp", "codex_acp"]
 
 
 @pytest.fixture
-def model(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[ScriptedModelServer]:
-    # The preset copies the key into the agent's environment.
-    key_var = KEY_VARS.get(name, "OPENAI_API_KEY")
-    yield from adding_model(monkeypatch, key_var, unset=("ANTHROPIC_AUTH_TOKEN",))
+def model_key(name: str) -> str:
+    """The key variable of the agent ``name``: its preset copies it into the agent's env."""
+    return KEY_VARS.get(name, "OPENAI_API_KEY")
 
 
 def agent_env(

@@ -7,7 +7,6 @@ import functools
 import json
 import stat
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 from support.cli import (
     TOKEN,
     Calls,
-    adding_model,
     assert_gone,
     cli_env,
     cli_path,
@@ -287,8 +285,8 @@ def test_a_session_id_that_is_a_path_does_not_fork(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
-    yield from adding_model(monkeypatch, "ANTHROPIC_API_KEY", unset=("ANTHROPIC_AUTH_TOKEN",))
+def model_key() -> str:
+    return "ANTHROPIC_API_KEY"
 
 
 def claude_env(

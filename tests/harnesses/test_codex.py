@@ -8,7 +8,6 @@ import platform
 import stat
 import sys
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import pytest
 from support.cli import (
     TOKEN,
     Calls,
-    adding_model,
     assert_gone,
     cli_env,
     cli_path,
@@ -185,11 +183,6 @@ def test_approval_requests_are_answered(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the real CLI
-
-
-@pytest.fixture
-def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModelServer]:
-    yield from adding_model(monkeypatch, "OPENAI_API_KEY")
 
 
 def codex_env(
