@@ -21,7 +21,7 @@ from gym_harness.errors import (
     ProtocolError,
     TurnTimeout,
 )
-from gym_harness.events import TurnResult
+from gym_harness.records.events import TurnResult
 from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 from gym_harness.process.harness_process import HarnessProcess
