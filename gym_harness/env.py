@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 import gymnasium
 from gymnasium.error import ResetNeeded
 
-from gym_harness.config import FIELD_NAMES, check_env_options
+from gym_harness.config import FIELD_NAMES, HarnessConfig
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.harnesses.base import EpisodeContext, Harness
 from gym_harness.harnesses.registry import make_harness
@@ -68,29 +68,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         reward_fn: ``reward_fn(RewardContext) -> float``, run after every turn in
             this process (never reachable by the harness); or an import string.
         tasks: A list of task dicts or a JSONL path; ``reset`` picks one.
-        workspace: A directory copied into every episode's fresh workspace.
-        keep_workspace: Keep episode directories after the episode (for inspection).
         render_mode: ``"ansi"`` makes ``render()`` return the transcript.
         on_event: Called with each ``HarnessEvent`` as it arrives during a turn.
-        tool_prefix: Prefix for env tools whose names clash with harness built-ins.
-        tool_timeout_s: A tool call running longer returns an error to the harness.
-        capture: Route the harness's model calls through a loopback ``ModelProxy``
-            that records every exchange as ``llm_request`` / ``llm_response`` events.
-        upstream: With ``capture``, the real API's origin (``https://api.example.com``,
-            ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
-            path); the harness (in ``mode="model"``, its side calls) goes to the proxy.
-        upstream_api_key_env: With ``capture``, the variable holding the real key; it
-            stays in this process (the harness gets a per-episode proxy token).
-        request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
-        mode: ``"turns"`` (a step is a user turn) or ``"model"`` (a step answers one model
-            call of the harness; see the README's "You are the model").
-        policy_timeout_s: In model mode, how long the policy may take to answer a call.
-        model_calls: In model mode, ``"main"`` (side calls get a short fixed answer) or
-            ``"all"`` (every model call is a step).
         user_fn: In model mode, ``user_fn(trajectory) -> str | None`` at each turn's
             end: the next user message, or ``None`` to end the episode; or an import string.
-        **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``, ``command=[...]``); any
-            other keyword goes to the harness's constructor (``model=...``) given its name.
+        config: A whole ``HarnessConfig`` to start from instead of the harness's
+            ``default_config()``; keywords then change single fields of it.
+        **kwargs: Every setting is a ``HarnessConfig`` field (``turn_timeout_s=30``,
+            ``mode="model"``, ``capture=True``, ``workspace=...``, ``tool_timeout_s=...``:
+            the configuration reference lists them); any other keyword goes to the
+            harness's constructor (``model=...``) given its name.
 
     Raises:
         ConfigError: Bad configuration, an unknown keyword, or unreadable tasks.
@@ -112,20 +99,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         tools: Any = None,
         reward_fn: RewardFn | str | None = None,
         tasks: Sequence[Mapping[str, Any]] | str | Path | None = None,
-        workspace: str | Path | None = None,
-        keep_workspace: bool = False,
         render_mode: str | None = None,
         on_event: Callable[[HarnessEvent], None] | None = None,
-        tool_prefix: str = "env_",
-        tool_timeout_s: float = 120.0,
-        capture: bool = False,
-        upstream: str | None = None,
-        upstream_api_key_env: str | None = None,
-        request_logprobs: bool = False,
-        mode: str = "turns",
-        policy_timeout_s: float = 600.0,
-        model_calls: str = "main",
         user_fn: UserFn | str | None = None,
+        config: HarnessConfig | None = None,
         **kwargs: Any,
     ) -> None:
         self._spawn_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
@@ -133,25 +110,28 @@ class HarnessEnv(gymnasium.Env[str, str]):
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
         self.harness = make_harness(harness, harness_kwargs, type(self))
+        base = self.harness.default_config() if config is None else config
+        settings = base.replace(**config_kwargs)
         self._model_options: EndpointConfig | None = None
-        if mode != "turns":
+        if settings.mode == "model":
             from gym_harness.model.turns import model_options
 
-            self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
+            self._model_options = model_options(
+                settings.mode, settings.capture, settings.policy_timeout_s, settings.model_calls
+            )
             self.harness = self.harness.for_model_mode()
-            capture = upstream is not None  # side calls then go upstream through the proxy
-        self.config = self.harness.default_config().replace(**config_kwargs)
+            if config is None:  # the model-mode adapter's own defaults, the keywords on top
+                settings = self.harness.default_config().replace(**config_kwargs)
+        self.config = settings
         self.harness.check_config(self.config)
-        self.harness.preflight(self.config, captured=capture or self._model_options is not None)
-        check_env_options(
-            render_mode=render_mode,
-            render_modes=self.metadata["render_modes"],
-            workspace=workspace,
-            tool_timeout_s=tool_timeout_s,
-            capture=capture,
-            upstream=upstream,
-            capture_tokens=self.config.capture_tokens,
+        self.harness.preflight(
+            self.config, captured=self.config.captured or self._model_options is not None
         )
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
+        workspace = self.config.workspace
+        if workspace is not None and not Path(workspace).is_dir():
+            raise ConfigError(f"workspace {workspace!r} is not a directory.")
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
         self.reward_fn: RewardFn | None = user_callable(reward_fn, "reward_fn")
@@ -161,15 +141,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._rewards = TurnScorer(self.config.reward_timeout_s)
         self._ended_why = ""
         self.lock = threading.Lock()
-        self._bridge_args = ([] if tools is None else tools, tool_prefix, tool_timeout_s)
-        self._owned = EnvResources(workspace, keep_workspace, self.config.sandbox)
+        self._tools = [] if tools is None else tools
+        self._owned = EnvResources(workspace, self.config.keep_workspace, self.config.sandbox)
         self._finalizer = weakref.finalize(self, self._owned.release, True)  # dropped, not closed
         self.observation_space = UnicodeText(MAX_TEXT)
         self.action_space = UnicodeText(MAX_TEXT)
         self._state = Lifecycle.NEW
         self._state_lock = threading.Lock()  # a closed env stays closed, whichever thread
         self._bridge: MCPBridge | None = None
-        self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
         self._proxy: ModelProxy | None = None
         self._model: ModelTurns | None = None
         self._proc: HarnessProcess | None = None
@@ -373,11 +352,11 @@ class HarnessEnv(gymnasium.Env[str, str]):
             if self.trajectory.episode_id:  # not the first episode: lock the old harness out
                 bridge.rotate_token()
             model_base_url = model_api_key = policy_timeout_s = None
-            if self._capture is not None:
+            if self.config.captured:
                 from gym_harness.capture.proxy import start_proxy
 
                 if self._proxy is None:
-                    self._proxy = self._owned.start(start_proxy, *self._capture, self.config)
+                    self._proxy = self._owned.start(start_proxy, self.config)
                 self._proxy.drain()  # exchanges of an earlier episode's last moments
                 model_base_url, model_api_key = self._proxy.base_url, self._proxy.rotate_token()
             if self._model_options is not None:  # side calls go to the proxy, if any
@@ -408,7 +387,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             from gym_harness.bridge.server import MCPBridge
 
             names = self.harness.builtin_tools
-            bridge = MCPBridge.for_env(*self._bridge_args, names, self.config, self.lock)
+            bridge = MCPBridge.for_env(self._tools, names, self.config, self.lock)
             self._bridge = self._owned.own(bridge)  # owned before it starts: close() stops it
         return self._bridge
 

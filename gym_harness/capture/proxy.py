@@ -467,28 +467,26 @@ def _stripper(call: Call, response: UpstreamResponse) -> TokenStripper | None:
     return TokenStripper(call.tokens, streamed)
 
 
-def start_proxy(
-    upstream: str | None, key_env: str | None, logprobs: bool, config: HarnessConfig
-) -> ModelProxy:
-    """A started ``ModelProxy`` for an env's ``capture=True`` settings.
+def start_proxy(config: HarnessConfig) -> ModelProxy:
+    """A started ``ModelProxy`` for an env's capture settings.
 
     Args:
-        upstream: The real API's origin.
-        key_env: The variable holding the upstream's key (read here; it stays here).
-        logprobs: Ask Chat Completions upstreams for logprobs.
-        config: The env's config: ``capture_max_bytes`` bounds the records,
-            ``capture_tokens`` asks the upstream for token ids.
+        config: The env's config: ``upstream`` (the real API's origin),
+            ``upstream_api_key_env`` (the variable holding its key, read here; it stays
+            here), ``request_logprobs``, ``capture_max_bytes`` (bounds the records) and
+            ``capture_tokens`` (asks the upstream for token ids).
 
     Raises:
-        ConfigError: ``key_env`` is named but not set in this process.
+        ConfigError: ``upstream_api_key_env`` is named but not set in this process.
     """
+    key_env = config.upstream_api_key_env
     key = os.environ.get(key_env) if key_env else None
     if key_env and key is None:
         raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
     proxy = ModelProxy(
-        str(upstream),
+        str(config.upstream),
         api_key=key,
-        request_logprobs=logprobs,
+        request_logprobs=config.request_logprobs,
         request_tokens=config.capture_tokens,
         max_record_bytes=config.capture_max_bytes,
     )
