@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from gym_harness.bridge.server import MCPBridge
     from gym_harness.capture.proxy import ModelProxy
     from gym_harness.model.endpoint import EndpointConfig
-    from gym_harness.model.turns import ModelTurns, UserFn
+    from gym_harness.modes.model import ModelTurns, UserFn
     from gym_harness.process.harness_process import HarnessProcess
 
 __all__ = ["HarnessEnv"]
@@ -135,7 +135,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.harness = make_harness(harness, harness_kwargs, type(self))
         self._model_options: EndpointConfig | None = None
         if mode != "turns":
-            from gym_harness.model.turns import model_options
+            from gym_harness.modes.model import model_options
 
             self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
             self.harness = self.harness.for_model_mode()
@@ -250,7 +250,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         started_at, start = time.time(), time.monotonic()
         try:
             if self._model is not None:
-                from gym_harness.model.turns import Episode
+                from gym_harness.modes.model import Episode
 
                 episode = Episode(
                     self._runner, self._startup_error, self.trajectory, self._budget(), self._record
@@ -381,7 +381,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
                 self._proxy.drain()  # exchanges of an earlier episode's last moments
                 model_base_url, model_api_key = self._proxy.base_url, self._proxy.rotate_token()
             if self._model_options is not None:  # side calls go to the proxy, if any
-                from gym_harness.model.turns import ModelTurns
+                from gym_harness.modes.model import ModelTurns
 
                 if self._model is None:  # started and owned, or neither
                     user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)

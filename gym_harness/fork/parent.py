@@ -19,7 +19,7 @@ from gym_harness.trajectory import Trajectory
 if TYPE_CHECKING:
     from gym_harness.config import HarnessConfig
     from gym_harness.harnesses.base import Harness
-    from gym_harness.model.turns import ModelTurns
+    from gym_harness.modes.model import ModelTurns
     from gym_harness.turn import TurnRunner
 
 __all__ = ["Forkable", "Parent", "child_trajectory"]

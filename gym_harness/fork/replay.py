@@ -33,7 +33,7 @@ from gym_harness.fork.parent import Forkable, Parent, child_trajectory
 if TYPE_CHECKING:
     from gym_harness.model.action import Completion
     from gym_harness.model.calls import ModelCall
-    from gym_harness.model.turns import ModelTurns
+    from gym_harness.modes.model import ModelTurns
     from gym_harness.trajectory import Trajectory
 
 __all__ = ["ScriptedUser", "action_of", "difference", "replay"]
