@@ -218,15 +218,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         prompt = "" if task is None else task.prompt
         try:
             startup_error = self._start_harness(ctx)
-            episode = Episode(
-                runner=None if startup_error[0] else self._runner,
-                startup_error=startup_error,
-                trajectory=self.trajectory,
-                deadline=self._budget(),
-                task=None if task is None else task.to_dict(),
-                scored_dirs=self._owned.scored_dirs(),
-                proxy=self._proxy,
-            )
+            runner = None if startup_error[0] else self._runner
+            task_dict, dirs = None if task is None else task.to_dict(), self._owned.scored_dirs()
+            args = (startup_error, self.trajectory, self._budget(), task_dict, dirs, self._proxy)
+            episode = Episode(runner, *args)
             opening = self._mode.start(episode, prompt, self.trajectory.startup_events)
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
