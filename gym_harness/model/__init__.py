@@ -23,6 +23,7 @@ Example:
     'application/json'
 """
 
+from gym_harness.model._side import SideUpstream, via_proxy
 from gym_harness.model.action import (
     STOP_REASONS,
     ActionLimits,
@@ -65,6 +66,7 @@ __all__ = [
     "ModelRequest",
     "PendingCall",
     "SideCall",
+    "SideUpstream",
     "ToolCall",
     "Usage",
     "WireTool",
@@ -74,4 +76,5 @@ __all__ = [
     "other_answer",
     "parse_action",
     "read_request",
+    "via_proxy",
 ]

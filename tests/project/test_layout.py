@@ -41,10 +41,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("env", "spaces"),
     ("vector", "rollout", "registration", "openenv", "", "__main__"),
 )
-#: Modules on their way to another part, left out of the part rules until they arrive:
-#: ``model/turns.py`` drives a model-mode episode (it imports ``turn.py`` and the adapters'
-#: base) and moves to ``modes/model.py``. Only ever shrinks; empty once the move lands.
-MOVING: frozenset[str] = frozenset({"gym_harness.model.turns"})
 #: A module longer than this is named in its part's docstring with why it is one job.
 LONG_MODULE = 600
 #: Writes to an object of another part that its owner hands out to be written, by
@@ -59,18 +55,9 @@ HANDED_OUT_FOR_WRITING: frozenset[tuple[str, str]] = frozenset(
         ("gym_harness.rollout.cli", "harness_env.on_event"),
     }
 )
-#: Known writes into a child env from ``fork/``, which the child's constructor will take
-#: instead. Only ever shrinks; empty once fork builds its child through the front door.
-KNOWN_FOREIGN_WRITES: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("gym_harness.fork.native", "child.harness"),
-        ("gym_harness.fork.native", "child.trajectory"),
-        ("gym_harness.fork.replay", "child.trajectory"),
-    }
-)
 
-#: Where model mode's step reads the env (the env hands it an ``Episode``).
-MODEL_MODE = "gym_harness.model"
+#: Where model mode's step runs (the env hands its mode an ``Episode`` at each reset).
+MODEL_MODE = ("gym_harness.model", "gym_harness.modes")
 #: Parts above the env: the only importers of ``gym_harness.env``, with the public surface
 #: (the root package, and the registration that names the env as gymnasium's entry point).
 ABOVE_ENV = (
@@ -232,16 +219,12 @@ def _part(name: str) -> str:
     return ".".join(parts[:2])
 
 
-def part_graph(
-    graph: Mapping[str, set[str]], moving: frozenset[str] = MOVING
-) -> dict[str, set[str]]:
-    """part -> the other parts its modules import (``moving`` modules left out)."""
+def part_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """part -> the other parts its modules import."""
     parts: dict[str, set[str]] = {}
     for name, targets in graph.items():
-        if name in moving:
-            continue
         edges = parts.setdefault(_part(name), set())
-        edges.update(_part(t) for t in targets if t not in moving)
+        edges.update(_part(t) for t in targets)
         edges.discard(_part(name))
     return parts
 
@@ -249,7 +232,6 @@ def part_graph(
 def upward_imports(
     graph: Mapping[str, set[str]],
     floors: tuple[tuple[str, ...], ...] = FLOORS,
-    moving: frozenset[str] = MOVING,
 ) -> list[str]:
     """``"module -> target"`` for each import of a part on a higher floor, and
     ``"module: part on no floor"`` for a module whose part no floor lists."""
@@ -260,8 +242,6 @@ def upward_imports(
     }
     found = []
     for name, targets in sorted(graph.items()):
-        if name in moving:
-            continue
         here = floor_of.get(_part(name))
         if here is None:
             found.append(f"{name}: part {_part(name)} on no floor")
@@ -269,7 +249,7 @@ def upward_imports(
         found.extend(
             f"{name} -> {target}"
             for target in sorted(targets)
-            if target not in moving and floor_of.get(_part(target), -1) > here
+            if floor_of.get(_part(target), -1) > here
         )
     return found
 
@@ -438,8 +418,6 @@ def test_a_planted_part_cycle_fails_the_check(tmp_path: Path) -> None:
         "gym_harness.low.a -> gym_harness.high",  # the __init__ the import runs
         "gym_harness.low.a -> gym_harness.high.b",
     ]
-    # A module on its way to another part is left out until it arrives.
-    assert find_cycle(part_graph(graph, frozenset({"gym_harness.low.a"}))) is None
     # The same tree without the upward import passes both checks.
     _plant(root, {"low/a.py": "from gym_harness.low.c import C\n"})
     graph = import_graph(root)
@@ -455,7 +433,7 @@ def test_no_module_writes_another_parts_objects() -> None:
     """A part hands what a new object inherits to its constructor, and asks an object it
     did not construct to change itself; it never assigns that object's attributes."""
     found = foreign_writes() - HANDED_OUT_FOR_WRITING
-    assert found == set(KNOWN_FOREIGN_WRITES)  # shrinks to nothing: list no new one
+    assert found == set()
 
 
 def test_a_planted_foreign_write_is_found(tmp_path: Path) -> None:
@@ -628,7 +606,7 @@ def test_model_mode_reads_nothing_private_of_the_env() -> None:
     found = [
         f"{name}:{number}: {line.strip()}"
         for name, path in modules().items()
-        if _within(name, (MODEL_MODE,))
+        if _within(name, MODEL_MODE)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if ENV_PRIVATE.search(line)
     ]

@@ -21,11 +21,11 @@ from gym_harness.errors import (
     ProtocolError,
     TurnTimeout,
 )
-from gym_harness.records.events import TurnResult
 from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
 from gym_harness.process.harness_process import HarnessProcess
 from gym_harness.readiness import start_ready
+from gym_harness.records.events import TurnResult
 from gym_harness.turn import TurnEnded, TurnRunner, end_flags
 
 LIMITS = TurnLimits(turn_timeout_s=30.0, idle_timeout_s=30.0, interrupt_grace_s=0.1)

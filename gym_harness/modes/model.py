@@ -3,8 +3,9 @@
 The env serves the harness's model API itself (:class:`~gym_harness.model.ModelEndpoint`).
 A user turn runs through ``TurnRunner.run_until_call``, which pauses as soon as a main
 model call waits for the policy: that call is the observation. ``step(action)`` answers
-it and runs the turn on to the next call or to the turn's end. At a turn's end
-``user_fn(trajectory)`` may send the next user message; otherwise the episode ends.
+it and runs the turn on to the next call or to the turn's end, which goes to the
+:class:`~gym_harness.modes.base.Recorder`. At a turn's end ``user_fn(trajectory)`` may
+send the next user message; otherwise the episode ends.
 
 An answer that did not reach the harness is never shown or scored as delivered. One
 that comes after ``policy_timeout_s`` (the harness got the endpoint's 504 instead) ends
@@ -20,24 +21,25 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ConfigError
 from gym_harness.model.action import InvalidAction, assistant_message
+from gym_harness.modes.base import Episode, HeldCall, Mode, Opening, Recorder, Served, Start
 from gym_harness.outcome import Outcome
 from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.records.trajectory import TurnRecord
 
 if TYPE_CHECKING:
     from gym_harness.capture.proxy import ModelProxy
-    from gym_harness.harnesses.base import Harness
     from gym_harness.model.endpoint import EndpointConfig, ModelEndpoint, PendingCall
+    from gym_harness.model.request import ModelRequest
     from gym_harness.records.trajectory import Trajectory
     from gym_harness.turn import TurnRunner
 
-__all__ = ["Episode", "ModelTurns", "NextMessage", "UserFn", "model_options"]
+__all__ = ["ModelMode", "NextMessage", "UserFn", "model_options"]
 
 #: ``user_fn(trajectory) -> str | None``: the next user message once a turn ends, or
 #: ``None`` to end the episode.
@@ -45,6 +47,8 @@ UserFn = Callable[["Trajectory"], "str | None"]
 #: The env's guarded ``user_fn``: ``(message or None, Outcome.OK, "")``, or
 #: ``(None, Outcome.USER_FN_ERROR, why)`` when it raised or returned no str.
 NextMessage = Callable[["Trajectory"], "tuple[str | None, Outcome, str]"]
+#: ``side_call(request, headers)``: whether a model call is a side call (``Harness.side_call``).
+SideCall = Callable[["ModelRequest", Mapping[str, str]], bool]
 
 
 def model_options(
@@ -70,84 +74,86 @@ def model_options(
     return EndpointConfig(policy_timeout_s=policy_timeout_s, model_calls=model_calls)
 
 
-@dataclass(frozen=True)
-class Episode:
-    """What a model-mode step needs of the env's episode (the env makes one per step).
+class ModelMode(Mode):
+    """The driver of a model-mode episode (a :class:`~gym_harness.modes.base.Mode`): the
+    call the policy holds, the last exchange.
 
     Args:
-        runner: The episode's turns; ``None`` when the harness did not start.
-        startup_error: ``(outcome, error)`` of a failed start (``Outcome.OK`` if none).
-        trajectory: The episode's trajectory (``calls`` are added to it).
-        deadline: When the episode's wall budget runs out (``time.monotonic()``), if set.
-        finish: ``finish(turn, message, result, started_at, elapsed)`` records a turn that
-            ended in the trajectory and scores it; it returns the turn's record.
-    """
-
-    runner: TurnRunner | None
-    startup_error: tuple[Outcome, str]
-    trajectory: Trajectory
-    deadline: float | None
-    finish: Callable[[int, str, TurnResult, float, float], TurnRecord]
-
-
-@dataclass
-class ModelTurns:
-    """The model-mode state of one env: the call the policy holds, the last exchange.
-
-    Args:
-        endpoint: The env's model endpoint (started, its key given to this episode).
+        recorder: Where each finished turn is recorded and scored.
+        side_call: Which model calls are side calls (the harness's ``side_call``).
+        options: The endpoint's settings (:func:`model_options`).
         user_fn: The env's guarded ``user_fn`` (:data:`NextMessage`), run at each turn's
             end, or ``None``.
     """
 
-    endpoint: ModelEndpoint
-    user_fn: NextMessage | None = None
-    #: The main model call the policy holds (the observation), if any.
-    pending: PendingCall | None = None
-    #: The messages of the last call answered, with its answer (the transcript so far).
-    messages: list[dict[str, Any]] | None = None
-    #: The user message of the turn under way.
-    message: str = ""
-    #: A turn that ended before its first model call (during ``reset``), for the next step.
-    ended: TurnResult | None = None
-    #: How many of the turn's events earlier steps reported.
-    shown: int = 0
+    def __init__(
+        self,
+        recorder: Recorder,
+        side_call: SideCall,
+        options: EndpointConfig,
+        user_fn: NextMessage | None = None,
+    ) -> None:
+        super().__init__(recorder)
+        self.side_call = side_call
+        self.options = options
+        self.user_fn = user_fn
+        #: The env's model endpoint, once the first episode is served.
+        self.endpoint: ModelEndpoint | None = None
+        #: The main model call the policy holds (the observation), if any.
+        self.pending: PendingCall | None = None
+        #: The messages of the last call answered, with its answer (the transcript so far).
+        self.messages: list[dict[str, Any]] | None = None
+        #: The user message of the turn under way.
+        self.message = ""
+        #: A turn that ended before its first model call (during ``reset``), for the next step.
+        self.ended: TurnResult | None = None
+        #: How many of the turn's events earlier steps reported.
+        self.shown = 0
 
-    @classmethod
-    def serve(
-        cls, harness: Harness, options: EndpointConfig, user_fn: NextMessage | None
-    ) -> ModelTurns:
-        """Start an endpoint whose side calls are the ones ``harness`` names."""
+    @property
+    def live(self) -> ModelEndpoint:
+        """The endpoint (served: the env steps only an episode it served)."""
+        assert self.endpoint is not None
+        return self.endpoint
+
+    def open_endpoint(self) -> ModelEndpoint:
+        """Start an endpoint whose side calls are the ones ``side_call`` names."""
         from gym_harness.model.endpoint import ModelEndpoint
 
-        endpoint = ModelEndpoint(harness.side_call, config=options)
+        endpoint = ModelEndpoint(self.side_call, config=self.options)
         endpoint.start()
-        return cls(endpoint, user_fn)
+        return endpoint
 
-    def stop(self) -> None:
-        """Stop the endpoint (the env's ``close``)."""
-        self.endpoint.stop()
-
-    def new_key(self, proxy: ModelProxy | None = None) -> str:
-        """A new episode's key for the endpoint; calls of earlier episodes are refused.
+    def serve(self, start: Start, proxy: ModelProxy | None) -> Served:
+        """The endpoint (started once, owned by the env) with a new episode's key; calls
+        of earlier episodes are refused.
 
         Args:
+            start: Starts and owns the endpoint, the first time.
             proxy: The capture proxy side calls go through (``upstream=`` is set), if any,
                 its token already rotated for the new episode.
         """
+        if self.endpoint is None:  # started and owned, or neither
+            self.endpoint = start(self.open_endpoint)
+        endpoint = self.endpoint
+        assert endpoint is not None
+        side = None
         if proxy is not None:
-            from gym_harness.model._side import MARGIN_S, SideUpstream
+            from gym_harness.model import via_proxy
 
-            timeout_s = proxy.timeout_s + MARGIN_S  # the proxy's own 504 comes first
-            self.endpoint.side_upstream = SideUpstream(proxy.base_url, proxy.token, timeout_s)
-        return self.endpoint.rotate_token()
+            side = via_proxy(proxy.base_url, proxy.token, proxy.timeout_s)
+        key = endpoint.rotate_token(side)
+        return Served(endpoint.base_url, key, self.options.policy_timeout_s, endpoint)
 
-    def take_step(
-        self, episode: Episode, action: str, turn: int, started_at: float, start: float
-    ) -> tuple[str, TurnRecord]:
+    def held(self) -> HeldCall:
+        """The call the policy holds and the turn's user message, for a fork."""
+        observation = None if self.pending is None else self.pending.observation
+        return HeldCall(observation, self.message, self.options.model_calls == "all")
+
+    def step(self, action: str) -> tuple[str, TurnRecord]:
         """``env.step(action)`` in model mode: answer the pending call, run to the next.
 
-        A turn that ends is recorded and scored (``episode.finish``); ``user_fn`` may then
+        A turn that ends is recorded and scored (the recorder); ``user_fn`` may then
         start the next, whose first call is this step's observation (with the ended
         turn's reward). A ``user_fn`` that fails ends the episode as ``user_fn_error``.
 
@@ -155,16 +161,19 @@ class ModelTurns:
             The observation, and the step's record: the turn's own when it ended the
             episode, else one made for this step (kept out of ``trajectory.turns``).
         """
+        episode = self.started
         runner, trajectory = episode.runner, episode.trajectory
+        turn = len(trajectory.turns) + 1
+        started_at, start = time.time(), time.monotonic()
         if episode.startup_error[0] or runner is None:
             outcome, error = episode.startup_error
             result: TurnResult | None = TurnResult(error_type=outcome, error=error)
         else:
-            result = self.step(runner, action, episode.deadline)
+            result = self.answer_and_run(runner, action, episode.deadline)
         reward = 0.0
         while result is not None:  # a turn ended
             elapsed = time.monotonic() - start
-            record = episode.finish(turn, self.message, result, started_at, elapsed)
+            record = self.recorder.record(episode, turn, self.message, result, started_at, elapsed)
             if not (record.terminated or record.truncated or runner is None):
                 message, outcome, why = self.next_turn(trajectory)
                 if message is not None:
@@ -176,43 +185,46 @@ class ModelTurns:
                     record = replace(record, error_type=outcome.value, error=why)
                 trajectory.turns[-1] = record
             return self.observation(), replace(record, events=self.new_events(record.events))
-        assert runner is not None
+        assert runner is not None and self.endpoint is not None
         step = TurnResult(events=self.new_events(runner.paused_events))
         elapsed = time.monotonic() - start
         record = TurnRecord.of_turn(turn, self.message, step, started_at, elapsed, False, False)
         trajectory.calls.extend(self.endpoint.drain())
         return self.observation(), replace(record, reward=reward)
 
-    def begin(
-        self,
-        runner: TurnRunner | None,
-        message: str,
-        events: Sequence[HarnessEvent],
-        deadline: float | None,
-    ) -> tuple[str, list[HarnessEvent]]:
+    def start(self, episode: Episode, prompt: str, events: Sequence[HarnessEvent]) -> Opening:
         """Send the episode's first user message and run to the first model call.
 
-        Args:
-            runner: The episode's turns; ``None`` when the harness did not start (the
-                observation is then the conversation so far: the user message alone).
+        Without a runner (the harness did not start) the observation is the conversation
+        so far: the user message alone.
 
         Returns:
-            ``reset()``'s observation, and ``events`` (the startup's) with the turn's so far.
+            ``reset()``'s observation, and ``events`` (the startup's) with the turn's so far;
+            the outcome is the startup's, or that of a turn that ended before its first call.
         """
+        self.episode = episode
         self.pending, self.messages, self.ended, self.shown = None, None, None, 0
-        self.message = message
-        if runner is None:
-            self.messages = [{"role": "user", "content": message}]
-            return self.observation(), list(events)
-        self.ended = self.run(runner, message, deadline)
-        return self.observation(), [*events, *self.new_events(runner.paused_events)]
+        self.message = prompt
+        runner = episode.runner
+        outcome, error = episode.startup_error
+        if outcome or runner is None:
+            self.messages = [{"role": "user", "content": prompt}]
+            return Opening(self.observation(), list(events), str(outcome), error)
+        self.ended = self.run(runner, prompt, episode.deadline)
+        seen = [*events, *self.new_events(runner.paused_events)]
+        ended = self.ended or TurnResult()  # a turn that ended before its first call
+        return Opening(self.observation(), seen, str(ended.error_type), ended.error)
 
-    def end_episode(self, trajectory: Trajectory) -> None:
+    def end(self, trajectory: Trajectory) -> None:
         """Cut the calls still waiting (the harness is stopped) and record every call."""
+        if self.endpoint is None:
+            return
         self.endpoint.cut("the episode ended")
         trajectory.calls.extend(self.endpoint.drain())
 
-    def step(self, runner: TurnRunner, action: str, deadline: float | None) -> TurnResult | None:
+    def answer_and_run(
+        self, runner: TurnRunner, action: str, deadline: float | None
+    ) -> TurnResult | None:
         """Answer the pending call with ``action`` and run to the next one (``None``) or
         to the turn's end (its result; ``invalid_action`` for an action that does not fit)."""
         if self.ended is not None or self.pending is None:
@@ -253,7 +265,7 @@ class ModelTurns:
             result = runner.run_until_call(message, deadline, self.endpoint)
             if result is not None:
                 return self.unanswered(runner, result)
-            self.pending = self.endpoint.next_request()
+            self.pending = self.live.next_request()
             if self.pending is not None:
                 return None
             message = None  # the call ended before it was claimed (cut, timed out): go on
@@ -275,9 +287,9 @@ class ModelTurns:
         try:
             completion = call.parse(action)
         except InvalidAction as exc:
-            self.endpoint.fail(call.request_id, f"invalid action: {exc}")
+            self.live.fail(call.request_id, f"invalid action: {exc}")
             raise
-        if not self.endpoint.deliver(call.request_id, completion):
+        if not self.live.deliver(call.request_id, completion):
             return self.too_late(call)
         self.messages = [*call.observation["messages"], assistant_message(completion)]
         return ""
@@ -285,10 +297,10 @@ class ModelTurns:
     def too_late(self, call: PendingCall) -> str:
         """Why the answer to ``call`` was not delivered: how late it came, what the
         harness got instead, and how many more calls timed out meanwhile."""
-        limit = self.endpoint.config.policy_timeout_s
+        limit = self.options.policy_timeout_s
         took = time.time() - call.started
         status, error = call.failure or (504, "")
-        count, ids = self.endpoint.lapses()
+        count, ids = self.live.lapses()
         why = (
             f"the policy answered model call {call.request_id} {took:.1f}s after it arrived, "
             f"{max(took - limit, 0.0):.1f}s past policy_timeout_s={limit:g}: the harness got an "
@@ -303,10 +315,10 @@ class ModelTurns:
         its own error) while a call of it had timed out and no later answer went out."""
         if result.error_type not in (Outcome.OK, Outcome.HARNESS_ERROR):
             return result
-        count, ids = self.endpoint.lapses()
+        count, ids = self.live.lapses()
         if not count:
             return result
-        limit = self.endpoint.config.policy_timeout_s
+        limit = self.options.policy_timeout_s
         more = f" ({count - 1} more after it)" if count > 1 else ""
         ended = f"with its own error: {result.error}" if result.error_type else "as if done"
         why = (
