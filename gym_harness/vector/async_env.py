@@ -1,16 +1,26 @@
-"""HarnessVectorEnv: gymnasium's ``AsyncVectorEnv`` whose workers may die.
+"""HarnessVectorEnv: gymnasium's ``AsyncVectorEnv`` whose workers may die, on one core.
+
+**One core.** As in EnvPool, ``step`` is ``send`` to every sub-env then ``recv`` of every
+sub-env, and the as-ready pair is the same core with fewer sub-envs: ``send(actions,
+env_ids)`` hands actions to some sub-envs and returns at once; ``recv(min_envs)`` sleeps
+until at least ``min_envs`` of the sub-envs sent to have their results and returns every
+result that is in (``infos["env_id"]`` says whose), so the policy's batch is whatever is
+ready. ``reset``, ``call`` and ``set_attr`` send and wait through the same pipes and the
+same one wait loop, which sleeps in ``multiprocessing.connection.wait`` on the pipes of
+the sub-envs it waits for and their workers' sentinels, reads only those that woke it,
+and checks every worker it waits for at least every half second.
 
 A worker process can die under any env: the out-of-memory killer picks the largest
 process, an operator kills one. gymnasium's own ``AsyncVectorEnv`` then raises a bare
 ``EOFError``, and its ``close()`` waits forever on replies it has already read. Here:
 
-* Every wait for replies also watches each worker's process (its sentinel, and its exit
-  status at least every half second): a worker that died is noticed, never waited on.
-* A step reports a worker that died as its sub-env's outcome, ``terminated`` with
-  ``info["error_type"] == "worker_lost"`` and the worker's pid and exit (signal or exit
-  code) in ``info["error"]``, as ``RayVectorEnv`` does for a lost actor. At the sub-env's
-  next step a fresh worker starts and resets it (the usual next-step autoreset); the
-  other sub-envs go on untouched.
+* A wait never waits on a dead worker: it is noticed by its sentinel, or by its exit
+  status at least every half second.
+* A step (or ``recv``) reports a worker that died as its sub-env's outcome,
+  ``terminated`` with ``info["error_type"] == "worker_lost"`` and the worker's pid and
+  exit (signal or exit code) in ``info["error"]``, as ``RayVectorEnv`` does for a lost
+  actor. At the sub-env's next step a fresh worker starts and resets it (the usual
+  next-step autoreset); the other sub-envs go on untouched.
 * ``reset()``, ``call``, ``get_attr`` and ``set_attr`` replace a dead worker first. A
   worker that dies while resetting is replaced once more, and a second death raises
   ``WorkerLost``; so does a worker's death during a call (the sub-env's next step then
@@ -18,15 +28,25 @@ process, an operator kills one. gymnasium's own ``AsyncVectorEnv`` then raises a
 * ``close()`` never reads a reply twice nor waits on a dead pipe. It gives the workers
   ``close_timeout_s`` (or ``close(timeout=...)``) to close their envs, then SIGTERMs and,
   a second later, SIGKILLs the rest, so it returns within that bound plus about 2 s; the
-  keepers of killed workers end their harnesses and remove their workspaces.
+  keepers of killed workers end their harnesses and remove their workspaces. Sub-envs
+  still busy are ended (their late results are never read).
 
-The parent decides when a sub-env autoresets (next-step mode, as gymnasium's), so a
-worker holds no episode state and a fresh one needs nothing replayed. Workers run
-``gym_harness.vector.worker.run_worker``; an env's exception is raised in the parent
-with the worker's traceback as a note, and the worker goes on serving its env.
+**Autoreset** is gymnasium's next-step mode, per sub-env, decided by the parent: after a
+result that ended its episode, the sub-env's next step (or ``send``) resets it (the
+action is ignored) and its result is the reset's observation and info, reward 0,
+neither flag set. A worker holds no episode state, so a fresh one needs nothing replayed.
+
+**An env's exception** is raised in the parent with the worker's traceback as a note,
+and the worker goes on serving its env, which keeps its state. ``step`` raises it after
+every reply is in; ``recv`` raises it, and the results that came in with it wait for the
+next ``recv``.
+
+**Mixing**: ``step``, ``reset`` and ``call`` raise ``AlreadyPendingCallError`` while a
+sent sub-env's result is not received yet, and ``send`` while a ``step_async``,
+``reset_async`` or ``call_async`` waits.
 
 Threads: one caller thread drives the vector env (as for gymnasium's own); each worker
-process runs one env in its main thread.
+process runs one env in its main thread (``gym_harness.vector.worker.run_worker``).
 """
 
 from __future__ import annotations
@@ -34,10 +54,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from multiprocessing import connection
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -47,8 +67,18 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars, concatenate, iterate
 
 from gym_harness.errors import WorkerLost
-from gym_harness.vector.ready import RESET, STEP, AsReady, ReadySteps, Result, result_of
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
+from gym_harness.vector.results import (
+    AUTORESET,
+    CALL,
+    RESET,
+    SLICE_S,
+    STEP,
+    Batch,
+    Result,
+    ready_batch,
+    result_of,
+)
 from gym_harness.vector.worker import (
     WorkerFailure,
     describe_exit,
@@ -62,15 +92,15 @@ __all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
 
 #: How long ``close()`` lets the workers close their envs before it ends them.
 CLOSE_TIMEOUT_S = 5.0
-_SLICE_S = 0.5  # the longest a wait for replies goes without checking that the workers live
-_CALL = "call"
-_AUTORESET = {"seed": None, "options": None}
+#: What ``_read`` gives for a worker still working, and the reply of one that died.
+_WORKING = object()
+_LOST = object()
 
 
-class HarnessVectorEnv(AsReady, AsyncVectorEnv):
+class HarnessVectorEnv(AsyncVectorEnv):
     """An ``AsyncVectorEnv`` (one worker process per sub-env) that survives a worker's death,
-    with EnvPool's as-ready pair ``send(actions, env_ids)`` / ``recv(min_envs)``
-    (:class:`~gym_harness.vector.ready.AsReady`).
+    with EnvPool's as-ready pair ``send(actions, env_ids)`` / ``recv(min_envs)``; ``step``
+    is ``send`` to all then ``recv`` of all.
 
     What ``make_vector_env`` (the ``vector_entry_point`` of every gym_harness id) builds:
     texts travel over the pipes (``shared_memory=False``), autoreset is next-step.
@@ -93,10 +123,6 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         array(['', 'worker_lost'], dtype=object)
     """
 
-    #: What ``_read`` gives for a worker still working, and for one that died.
-    WORKING: ClassVar[object] = object()
-    LOST: ClassVar[object] = object()
-
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gymnasium.Env[Any, Any]]],
@@ -110,13 +136,13 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         # Set before gymnasium's __init__, which checks the spaces through our pipes.
         self._lost = [""] * n  # how sub-env i's worker ended; "" while it runs
         self._unreported = [""] * n  # a loss no step has reported yet (its episode's end)
-        self._owed = [0] * n  # replies a worker still sends to calls nobody waits for
+        self._owed = [0] * n  # replies a worker still sends to messages nobody waits for
         self._pending: dict[int, str] = {}  # sub-env -> the kind of its unanswered message
+        self._in: dict[int, tuple[str, Any]] = {}  # sub-env -> (kind, reply) read, not handed out
         self._last_info: list[dict[str, Any]] = [{} for _ in range(n)]
         self._autoreset = np.zeros(n, dtype=np.bool_)
         self._mask = np.ones(n, dtype=np.bool_)
-        self._reset_kwargs: list[dict[str, Any]] = [dict(_AUTORESET) for _ in range(n)]
-        self._as_ready = ReadySteps(self)  # send/recv
+        self._reset_kwargs: list[dict[str, Any]] = [dict(AUTORESET) for _ in range(n)]
         track(self)  # workers forked later close this one's pipes (see worker.py)
         super().__init__(
             env_fns,
@@ -143,9 +169,9 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
                     self._restart(i)
                 self._unreported[i] = ""  # a new episode: the lost one needs no report
                 self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
-                self._send(i, ("reset", self._reset_kwargs[i]), RESET)
+                self._post(i, ("reset", self._reset_kwargs[i]), RESET)
         except BaseException:
-            self._abandon_pending()  # whatever was sent is answered to nobody
+            self._abandon()  # whatever was sent is answered to nobody
             raise
         self._state = AsyncState.WAITING_RESET
 
@@ -161,7 +187,7 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         first = {i: self._lost[i] for i in wanted if i not in replies}
         for i in first:  # one more fresh worker each
             self._restart(i)
-            self._send(i, ("reset", self._reset_kwargs[i]), RESET)
+            self._post(i, ("reset", self._reset_kwargs[i]), RESET)
         if first:
             replies.update(self._collect("reset_wait", timeout))
         self._state = AsyncState.DEFAULT
@@ -185,57 +211,128 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
             infos = self._add_info(infos, info, i)
         return self._observe(observations), infos
 
-    # ----------------------------------------------------------------- step
+    # ----------------------------------------------------------------- step: send + recv
+
+    def step(self, actions: Any) -> Batch:
+        """Step every sub-env: ``send`` to all, then ``recv`` of all (EnvPool's ``step``).
+
+        A sub-env whose episode ended is reset instead (next-step autoreset); one whose
+        worker died reports ``worker_lost``.
+        """
+        self.step_async(actions)
+        return self.step_wait()
 
     def step_async(self, actions: Any) -> None:
-        """Send each sub-env its action; a reset where its episode ended or its worker died."""
+        """Send each sub-env its action (the ``send`` to all of ``step``)."""
         self._check_idle("step_async")
         try:
-            for i, action in enumerate(iterate(self.action_space, actions)):
-                if self._unreported[i]:
-                    continue  # this step reports the loss
-                if self._lost[i]:
-                    self._restart(i)
-                if self._autoreset[i]:
-                    self._send(i, ("reset", _AUTORESET), RESET)
-                else:
-                    self._send(i, ("step", action), STEP)
+            self._send_actions(list(iterate(self.action_space, actions)), range(self.num_envs))
         except BaseException:
-            self._abandon_pending()  # whatever was sent is answered to nobody
+            self._abandon()  # whatever was sent is answered to nobody
             raise
         self._state = AsyncState.WAITING_STEP
 
-    def step_wait(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The batched step results; a sub-env whose worker died reports ``worker_lost``."""
+    def step_wait(self, timeout: float | None = None) -> Batch:
+        """The batched step results (the ``recv`` of all of ``step``).
+
+        Raises:
+            multiprocessing.TimeoutError: ``timeout`` passed first.
+            Exception: What a sub-env's env raised, once every reply is in.
+        """
         self._check_waiting(AsyncState.WAITING_STEP, "step_wait")
-        kinds = dict(self._pending)
-        replies = self._collect("step_wait", timeout)
+        try:
+            self._wait(self._outstanding, timeout, "step_wait")
+        except multiprocessing.TimeoutError:
+            self._abandon()
+            raise
         self._state = AsyncState.DEFAULT
+        results = self._hand_out(sorted(self._in))
         n = self.num_envs
         observations: list[Any] = list(self.observations)
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
         infos: dict[str, Any] = {}
-        for i in range(n):
-            reply = replies.get(i)
-            if reply is None:
-                result = self._loss(i)
-            elif not reply[1]:
+        for i, result in results.items():
+            if isinstance(result, BaseException):
                 continue  # raised below
-            else:
-                result = result_of(kinds[i], reply[0], "", self._last_info[i])
             observations[i], rewards[i], terminations[i], truncations[i], info = result
-            self._last_info[i] = info
             infos = self._add_info(infos, info, i)
-        failed = [i for i, reply in replies.items() if not reply[1]]
-        ended = terminations | truncations
-        ended[failed] = self._autoreset[failed]  # an env that raised keeps its state
-        self._autoreset = ended
-        _raise_failures(replies)
+        for result in results.values():
+            if isinstance(result, BaseException):
+                raise result
         return self._observe(observations), rewards, terminations, truncations, infos
+
+    def send(self, actions: Any, env_ids: Iterable[int] | None = None) -> None:
+        """Hand ``actions[j]`` to sub-env ``env_ids[j]`` and return at once (EnvPool's pair).
+
+        Args:
+            actions: One action per id (a sequence).
+            env_ids: The sub-envs (default: all). A sub-env whose episode ended is reset
+                instead (next-step autoreset; its action is ignored).
+
+        Raises:
+            AlreadyPendingCallError: A sub-env's earlier result was not received yet, or a
+                ``step_async``/``reset_async``/``call_async`` waits.
+            ValueError: Not one action per id, an id twice, or an id out of range.
+        """
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `send` while waiting for a pending call to `{self._state.value}` "
+                "to complete.",
+                str(self._state.value),
+            )
+        n = self.num_envs
+        ids = list(range(n)) if env_ids is None else [int(i) for i in env_ids]
+        actions = list(actions)
+        if len(actions) != len(ids):
+            raise ValueError(f"send got {len(actions)} actions for {len(ids)} env_ids")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"send got an env_id twice: {ids}")
+        for i in ids:
+            if not 0 <= i < n:
+                raise ValueError(f"env_id {i} is out of range for {n} sub-envs")
+            if i in self._pending or i in self._in:
+                raise AlreadyPendingCallError(
+                    f"sub-env {i} was sent an action whose result is not received yet: "
+                    "call recv() first",
+                    "send",
+                )
+        self._send_actions(actions, ids)
+
+    def recv(self, min_envs: int = 1, timeout: float | None = None) -> Batch:
+        """Sleep until at least ``min_envs`` sent sub-envs have results; return all that do.
+
+        Args:
+            min_envs: Fewest results to wait for (fewer when fewer are outstanding).
+            timeout: Longest wait in seconds (``None``: until they come; each sub-env's
+                step is bounded by its own turn and episode limits).
+
+        Returns:
+            ``(observations, rewards, terminated, truncated, infos)`` of the sub-envs in,
+            ordered by id; ``infos["env_id"]`` holds their ids.
+
+        Raises:
+            NoAsyncCallError: Nothing was sent.
+            multiprocessing.TimeoutError: ``timeout`` passed first (nothing is lost: the
+                results come with a later ``recv``).
+            Exception: What a sub-env's env raised (the other results wait for the next
+                ``recv``).
+        """
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT or not self._outstanding:
+            raise NoAsyncCallError("Calling `recv` without any prior call to `send`.", "recv")
+        if min_envs < 1:
+            raise ValueError(f"min_envs must be at least 1, got {min_envs}")
+        self._wait(min(min_envs, self._outstanding), timeout, "recv")
+        failed = [i for i, (_, reply) in self._in.items() if reply is not _LOST and not reply[1]]
+        if failed:
+            error = self._hand_out([min(failed)])[min(failed)]
+            assert isinstance(error, BaseException)
+            raise error
+        results = self._hand_out(sorted(self._in))
+        return ready_batch(self.single_observation_space, results)  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------- calls
 
@@ -293,19 +390,110 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         """
         bound = 0.0 if terminate else self.close_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + bound
-        self._abandon_pending()  # a pending call's replies are never read now
-        for i in self._as_ready.abandon():
-            self._owed[i] += 1
+        self._abandon()  # whatever is in flight is never read now
         live = [i for i in range(self.num_envs) if not self._lost[i]]
         if not terminate:
             for i in live:
                 with contextlib.suppress(Exception):
-                    self._send(i, ("close", None), _CALL)
-            self._pending = {}
+                    self._post(i, ("close", None), CALL)
+            self._pending, self._in = {}, {}
         end_processes([self.processes[i] for i in live], deadline)
         release_parent_side(self.parent_pipes, self.processes, self.error_queue)
 
-    # ----------------------------------------------------------------- internals
+    # ----------------------------------------------------------------- the core
+
+    @property
+    def _outstanding(self) -> int:
+        """Sub-envs sent a message whose reply was not handed out yet."""
+        return len(self._pending) + len(self._in)
+
+    def _send_actions(self, actions: Sequence[Any], ids: Iterable[int]) -> None:
+        """Send sub-env ``ids[j]`` ``actions[j]``, or a reset where its episode ended."""
+        for i, action in zip(ids, actions, strict=True):
+            if self._unreported[i]:  # its worker died: this result reports the loss
+                self._in[i] = (STEP, _LOST)
+                continue
+            if self._lost[i]:
+                self._restart(i)
+            if self._autoreset[i]:
+                self._post(i, ("reset", AUTORESET), RESET)
+            else:
+                self._post(i, ("step", action), STEP)
+
+    def _hand_out(self, ids: Iterable[int]) -> dict[int, Result | BaseException]:
+        """Take the replies of ``ids`` as results (an env's exception as itself): a loss is
+        reported once, an ended episode arms its autoreset, a failed env keeps its state."""
+        results: dict[int, Result | BaseException] = {}
+        for i in ids:
+            kind, reply = self._in.pop(i)
+            if reply is _LOST:
+                result = self._loss(i)
+            else:
+                value, ok = reply
+                if not ok:
+                    assert isinstance(value, WorkerFailure)
+                    results[i] = value.exception(i)
+                    continue
+                result = result_of(kind, value, "", self._last_info[i])
+            self._last_info[i] = result[4]
+            self._autoreset[i] = result[2] or result[3]
+            results[i] = result
+        return results
+
+    def _wait(self, want: int, timeout: float | None, what: str) -> None:
+        """The one wait loop: read replies until ``want`` are in (a dead worker's is ``_LOST``).
+
+        Raises:
+            multiprocessing.TimeoutError: ``timeout`` passed first; what was read stays in.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._take(list(self._pending))
+        while len(self._in) < want:
+            slice_s = SLICE_S
+            if deadline is not None:
+                slice_s = min(slice_s, deadline - time.monotonic())
+                if slice_s <= 0:
+                    raise multiprocessing.TimeoutError(
+                        f"The call to `{what}` has timed out after {timeout} second(s) "
+                        f"with {len(self._in)} of {want} replies in."
+                    )
+            owner: dict[Any, int] = {}
+            for i in self._pending:
+                owner[self.parent_pipes[i]] = i
+                owner[self.processes[i].sentinel] = i
+            woke = sorted({owner[w] for w in connection.wait(list(owner), slice_s)})
+            self._take(woke or list(self._pending))  # quiet: check every worker lives
+
+    def _take(self, ids: list[int]) -> None:
+        """Read the replies of ``ids`` that are in."""
+        for i in ids:
+            if i in self._pending:
+                reply = self._read(i)
+                if reply is not _WORKING:
+                    self._in[i] = (self._pending.pop(i), reply)
+
+    def _collect(self, what: str, timeout: float | None) -> dict[int, tuple[Any, bool]]:
+        """Wait for the reply of every pending sub-env; those whose worker died are missing.
+
+        Raises:
+            multiprocessing.TimeoutError: ``timeout`` passed first (late replies are
+                skipped when they come).
+        """
+        try:
+            self._wait(self._outstanding, timeout, what)
+        except multiprocessing.TimeoutError:
+            self._abandon()
+            raise
+        replies = {i: reply for i, (_, reply) in self._in.items() if reply is not _LOST}
+        self._in = {}
+        return replies
+
+    def _abandon(self) -> None:
+        """Forget every message in flight: their replies are skipped when they come."""
+        for i in self._pending:
+            self._owed[i] += 1
+        self._pending, self._in = {}, {}
+        self._state = AsyncState.DEFAULT
 
     def _check_idle(self, what: str) -> None:
         self._assert_is_running()
@@ -315,9 +503,9 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
                 f"`{self._state.value}` to complete.",
                 str(self._state.value),
             )
-        if self._as_ready.outstanding:
+        if self._outstanding:
             raise AlreadyPendingCallError(
-                f"Calling `{what}` while {self._as_ready.outstanding} sub-env(s) sent to "
+                f"Calling `{what}` while {self._outstanding} sub-env(s) sent to "
                 "with send() have results not received yet: recv() them first.",
                 "send",
             )
@@ -337,61 +525,27 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
             for i, message in enumerate(messages):
                 if self._lost[i]:
                     self._restart(i)
-                self._send(i, message, _CALL)
+                self._post(i, message, CALL)
         except BaseException:
-            self._abandon_pending()
+            self._abandon()
             raise
         self._state = AsyncState.WAITING_CALL
 
-    def _send(self, i: int, message: tuple[str, Any], kind: str) -> None:
-        """Send one command to sub-env ``i``'s worker; a dead worker is marked lost."""
-        if self._post(i, message):
-            self._pending[i] = kind
+    # ----------------------------------------------------------------- workers
 
-    def _post(self, i: int, message: tuple[str, Any]) -> bool:
-        """Write one command to sub-env ``i``'s pipe; False (and marked lost) if it died."""
+    def _post(self, i: int, message: tuple[str, Any], kind: str) -> None:
+        """Write one message to sub-env ``i``'s pipe; a worker that died is marked lost,
+        and its reply is that loss."""
         try:
             self.parent_pipes[i].send(message)
         except OSError:  # BrokenPipeError, ConnectionResetError: it died while idle
             self._lose(i)
-            return False
-        return True
-
-    def _collect(self, what: str, timeout: float | None) -> dict[int, tuple[Any, bool]]:
-        """Wait for the reply of every pending sub-env; those whose worker died are missing.
-
-        Raises:
-            multiprocessing.TimeoutError: ``timeout`` passed first (late replies are
-                skipped when they come).
-        """
-        waiting, self._pending = set(self._pending), {}
-        replies: dict[int, tuple[Any, bool]] = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            for i in sorted(waiting):
-                reply = self._read(i)
-                if reply is not self.WORKING:
-                    waiting.discard(i)
-                    if reply is not self.LOST:
-                        replies[i] = reply
-            if not waiting:
-                return replies
-            slice_s = _SLICE_S
-            if deadline is not None:
-                slice_s = min(slice_s, deadline - time.monotonic())
-                if slice_s <= 0:
-                    for i in waiting:
-                        self._owed[i] += 1
-                    self._state = AsyncState.DEFAULT
-                    raise multiprocessing.TimeoutError(
-                        f"The call to `{what}` has timed out after {timeout} second(s)."
-                    )
-            watched: list[Any] = [self.parent_pipes[i] for i in waiting]
-            watched += [self.processes[i].sentinel for i in waiting]
-            connection.wait(watched, slice_s)
+            self._in[i] = (kind, _LOST)
+        else:
+            self._pending[i] = kind
 
     def _read(self, i: int) -> Any:
-        """Sub-env ``i``'s reply, ``WORKING`` while none came, or ``LOST`` (then marked)."""
+        """Sub-env ``i``'s reply, ``_WORKING`` while none came, or ``_LOST`` (then marked)."""
         pipe = self.parent_pipes[i]
         alive = self.processes[i].is_alive()  # first: what it sent before dying is in the pipe
         try:
@@ -399,13 +553,13 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
                 reply = pipe.recv()
                 if not self._owed[i]:
                     return reply
-                self._owed[i] -= 1  # the late reply to a call nobody waits for now
+                self._owed[i] -= 1  # the late reply to a message nobody waits for now
         except (EOFError, OSError):
             alive = False
         if alive:
-            return self.WORKING
+            return _WORKING
         self._lose(i)
-        return self.LOST
+        return _LOST
 
     def _loss(self, i: int) -> Result:
         """The result that reports sub-env ``i``'s lost worker (once)."""
@@ -443,12 +597,6 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         self.parent_pipes[i], self.processes[i] = parent_pipe, process
         self._lost[i], self._owed[i] = "", 0
         self._autoreset[i] = True
-
-    def _abandon_pending(self) -> None:
-        for i in self._pending:
-            self._owed[i] += 1
-        self._pending = {}
-        self._state = AsyncState.DEFAULT
 
     def _answers(self, replies: dict[int, tuple[Any, bool]]) -> tuple[Any, ...]:
         self._state = AsyncState.DEFAULT
