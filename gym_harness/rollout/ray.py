@@ -41,7 +41,7 @@ __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
 _WHAT = "gym_harness.rollout.ray"
 
 
-class _EpisodeActor(EnvActor):
+class _EpisodeEnvActor(EnvActor):
     """An env actor that also runs whole episodes (one record each, or a group's)."""
 
     def episode(self, task: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
@@ -116,7 +116,7 @@ def ray_rollout(
     pool: ActorPool | None = None
     try:
         resources = DEFAULT_RESOURCES if resources_per_env is None else resources_per_env
-        pool = ActorPool(env_id, env_kwargs, resources, actor=_EpisodeActor, what=_WHAT)
+        pool = ActorPool(env_id, env_kwargs, resources, actor=_EpisodeEnvActor, what=_WHAT)
         spare.append(pool.new())
         pool.check(spare[0], timeout_s)
         settings = dict(env_id=env_id, max_turns=max_turns, follow_up=follow_up, **grouping)
