@@ -57,7 +57,7 @@ def test_a_stray_ray_folder_gives_the_config_error_that_names_the_extra(tmp_path
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["error"].startswith(
-        "gym_harness.rollout.ray needs ray: pip install 'gym_harness[ray]' (on every node)."
+        "gym_harness.vector.ray needs ray: pip install 'gym_harness[ray]' (on every node)."
     )
     assert f"Only a folder named 'ray' was found ('{tmp_path / 'ray'}')" in report["error"]
     assert report["ray"] == "None"  # the namespace package is not left in sys.modules

@@ -295,7 +295,7 @@ def actor_pids() -> set[int]:
     pids = set()
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "_EnvWorker" in " ".join(proc.cmdline()):
+            if "EnvActor" in " ".join(proc.cmdline()):  # EnvActor, _EpisodeEnvActor
                 pids.add(proc.pid)
         except psutil.Error:
             continue
