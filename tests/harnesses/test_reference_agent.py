@@ -273,7 +273,7 @@ def test_a_wrong_token_is_refused_by_the_bridge(start_agent: Any, bridge: MCPBri
     agent = start_agent(env=env)
     result = by_type(agent.turn("/call add {}"), "tool_result")[0]
     assert result["is_error"] is True
-    assert "cannot open an MCP session" in result["content"]
+    assert "refused the request (HTTP 401): invalid or missing bearer token" in result["content"]
     assert agent.end_input() == 0
 
 
