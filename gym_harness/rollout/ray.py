@@ -34,6 +34,7 @@ from gym_harness.vector.ray import (
     RayVectorEnv,
     connect,
     ray_module,
+    shutdown,
 )
 
 __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
@@ -145,7 +146,7 @@ def ray_rollout(
         if pool is not None:
             pool.end(spare)
         if owned:
-            ray.shutdown()
+            shutdown()  # the caller's signal handlers kept
 
 
 class _Mission:

@@ -9,10 +9,11 @@ Each actor holds one harness env, so its harness processes run on the actor's no
 harness CLIs (and gym_harness itself) must be installed on every node. An actor that dies
 (its node lost, ``ray.kill``, an out-of-memory kill) is an outcome, not an exception: its
 step reports ``terminated`` with ``info["error_type"] == "worker_lost"``, and a fresh actor
-replaces it at the next reset. The harness of a killed actor dies with it and its workspace
-is removed (by its keeper, as for any owner of a ``HarnessProcess`` that dies): the actors
-run with Ray's ``RAY_kill_child_processes_on_worker_exit`` off, since with it an exiting Ray
-worker SIGKILLs its direct children, the keepers, before they can.
+is placed in the background (see ``RayVectorEnv.step``). The harness of a killed actor
+dies with it and its workspace is removed (by its keeper, as for any owner of a
+``HarnessProcess`` that dies): the actors run with Ray's
+``RAY_kill_child_processes_on_worker_exit`` off, since with it an exiting Ray worker
+SIGKILLs its direct children, the keepers, before they can.
 
 The env keywords go through the object store: ``ray.put`` stores them once, the actors
 get an ``ObjectRef``, and Ray pulls it into a node's store once for every later actor there.
@@ -25,7 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -38,7 +42,7 @@ from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
 from gym_harness.utils.imports import import_optional
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
-from gym_harness.vector.worker import lost_info
+from gym_harness.vector.worker import fault_info, lost_info
 
 __all__ = [
     "ACTOR_ENV_VARS",
@@ -47,7 +51,9 @@ __all__ = [
     "EnvActor",
     "RayVectorEnv",
     "connect",
+    "keep_signal_handlers",
     "ray_module",
+    "shutdown",
 ]
 
 #: Ray actor options of one sub-env unless ``resources_per_env`` says otherwise:
@@ -58,6 +64,13 @@ WORKER_LOST = Outcome.WORKER_LOST
 #: an actor's ``sys.exit``) first SIGKILLs its direct children: our keepers, which then
 #: never remove the workspaces. The keepers end everything the actor started instead.
 ACTOR_ENV_VARS = {"RAY_kill_child_processes_on_worker_exit": "false"}
+#: How long a node where an actor was lost is avoided for its replacements, unless Ray
+#: reports it dead sooner (then Ray places nothing there anyway).
+SUSPECT_S = 120.0
+#: The signals whose handlers Ray's init and shutdown replace (SIGTERM: init sets
+#: ``sys.exit``, shutdown the default) and that ``keep_signal_handlers`` puts back.
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_NODE_LABEL = "ray.io/node-id"
 
 
 def ray_module(what: str = "gym_harness.vector.ray") -> Any:
@@ -78,6 +91,34 @@ def _actor_options(resources: Mapping[str, Any]) -> dict[str, Any]:
     return {**resources, "runtime_env": runtime_env}
 
 
+@contextlib.contextmanager
+def keep_signal_handlers() -> Iterator[None]:
+    """Put the caller's SIGTERM, SIGINT and SIGHUP handlers back after the block.
+
+    ``ray.init`` makes SIGTERM exit the process and ``ray.shutdown`` resets it to the
+    default, so a trainer's save-on-preemption handler would never run. Only the main
+    thread can set handlers; elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {number: signal.getsignal(number) for number in _SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                with contextlib.suppress(ValueError, OSError, TypeError):
+                    signal.signal(number, handler)
+
+
+def shutdown() -> None:
+    """``ray.shutdown()``, keeping the caller's signal handlers."""
+    ray = ray_module()
+    with keep_signal_handlers():
+        ray.shutdown()
+
+
 def connect(address: str | None = None) -> bool:
     """Connect this process to Ray unless it already is.
 
@@ -87,15 +128,18 @@ def connect(address: str | None = None) -> bool:
             a local instance bound to 127.0.0.1.
 
     Returns:
-        True if this call connected (the caller then owns ``ray.shutdown()``).
+        True if this call connected (the caller then owns ``shutdown()``).
+
+    The caller's signal handlers are kept (see :func:`keep_signal_handlers`).
     """
     ray = ray_module()
     if ray.is_initialized():
         return False
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or None)
-    else:  # a private local instance: nothing of it listens beyond loopback
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    with keep_signal_handlers():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or None)
+        else:  # a private local instance: nothing of it listens beyond loopback
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
     return True
 
 
@@ -168,9 +212,18 @@ class ActorPool:
         self.ray = ray_module(what)
         self.env_id = env_id
         self.kwargs_ref = self.ray.put(dict(env_kwargs))  # shipped once per node
-        self.actor_class = self.ray.remote(actor).options(**_actor_options(resources))
+        self.options = _actor_options(resources)
+        self.remote_class = self.ray.remote(actor)
+        self.actor_class = self.remote_class.options(**self.options)
 
-    def new(self) -> Any:
+    def new(self, avoid: Sequence[str] = ()) -> Any:
+        """A new actor, placed on none of the nodes ``avoid`` (unless the caller's
+        resources choose nodes by label themselves)."""
+        if avoid and "label_selector" not in self.options:
+            selector = {_NODE_LABEL: f"!in({', '.join(sorted(avoid))})"}
+            with contextlib.suppress(ValueError, TypeError):  # a Ray without label selectors
+                actor_class = self.remote_class.options(**self.options, label_selector=selector)
+                return actor_class.remote(self.env_id, self.kwargs_ref)
         return self.actor_class.remote(self.env_id, self.kwargs_ref)
 
     def check(self, actor: Any, timeout_s: float) -> tuple[Any, Any]:
@@ -208,7 +261,9 @@ class RayVectorEnv(VectorEnv):
 
     Same spaces, next-step autoreset and info stacking as gymnasium's own
     vector envs. A sub-env whose actor dies reports a terminated step with
-    ``info["error_type"] == "worker_lost"`` and gets a new actor at its reset.
+    ``info["error_type"] == "worker_lost"`` and gets a new actor, placed in the
+    background. A step waits at most ``timeout_s`` in all. The caller's signal handlers
+    are kept across the Ray start this does (:func:`keep_signal_handlers`).
 
     Args:
         env_id: A gymnasium id, made in each actor with ``gymnasium.make`` (the
@@ -264,15 +319,22 @@ class RayVectorEnv(VectorEnv):
         self._observations: Any = create_empty_array(
             self.single_observation_space, num_envs, np.zeros
         )
-        self._lost = np.zeros(num_envs, dtype=np.bool_)
+        self._lost = np.zeros(num_envs, dtype=np.bool_)  # no live actor: replace it
         self._autoreset_envs = np.zeros(num_envs, dtype=np.bool_)
         self._last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self._lost_error = [""] * num_envs
+        # A replacement being placed: sub-env -> (its probe, its reset), both ObjectRefs.
+        self._placing: dict[int, tuple[Any, Any]] = {}
+        self._where = [self.actors[i].describe.remote() for i in range(num_envs)]  # nodes
+        self._suspects: dict[str, float] = {}  # node id -> when an actor was lost there
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those of ``options["reset_mask"]``), concurrently.
+
+        A sub-env whose actor was lost gets a fresh actor first, and the reset waits for it
+        (at most ``timeout_s`` in all).
 
         Args:
             seed: ``None``, an int (``seed + i`` for sub-env ``i``) or one per sub-env.
@@ -288,19 +350,25 @@ class RayVectorEnv(VectorEnv):
         options = dict(options or {})
         mask = pop_reset_mask(options, self.num_envs)
         wanted = [i for i in range(self.num_envs) if mask[i]]
+        for i in wanted:
+            self._placing.pop(i, None)  # this reset replaces the placing one's
         calls = {i: self._submit_reset(i, seeds[i], options or None) for i in wanted}
+        results = self._gather(calls, time.monotonic() + self.timeout_s)
+        retry = [i for i in wanted if results[i] is None]  # lost: one more fresh actor each
+        again = {i: self._submit_reset(i, seeds[i], options or None) for i in retry}
+        results.update(self._gather(again, time.monotonic() + self.timeout_s))
         infos: dict[str, Any] = {}
         obs = list(self._observations)
-        for i, ref in calls.items():
-            result = self._get(i, ref)
-            if result is None:  # lost on the way: one more fresh actor, then give up
-                result = self._get(i, self._submit_reset(i, seeds[i], options or None))
+        for i in wanted:
+            result = results[i]
             if result is None:
                 raise WorkerLost(
                     f"sub-env {i}: its Ray actor died twice while resetting "
                     f"({self._lost_error[i]}); check the nodes' health and memory.",
                     index=i,
                 )
+            if isinstance(result, BaseException):
+                raise result
             obs[i], info = result
             self._last_info[i] = info
             infos = self._add_info(infos, info, i)
@@ -311,24 +379,49 @@ class RayVectorEnv(VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every sub-env concurrently (autoresetting those whose episode ended).
 
+        A step waits at most ``timeout_s`` in all. A sub-env whose actor is lost (its
+        node gone, killed, or silent past the deadline) reports ``worker_lost``, and a
+        replacement actor is placed in the background, on none of the nodes where actors
+        were lost lately; until it is up, the sub-env's steps report ``worker_lost`` again
+        (the survivors' results never wait for it), then its first step is its reset.
+        An exception of a sub-env's env is that sub-env's ``env_error`` result.
+
         Returns:
             ``(observations, rewards, terminations, truncations, infos)``, batched.
         """
-        calls = []
+        deadline = time.monotonic() + self.timeout_s
+        calls: dict[int, Any] = {}
+        resets: set[int] = set()
         for i, action in enumerate(iterate(self.action_space, actions)):
+            if i in self._placing:
+                continue
+            if self._lost[i]:
+                self._replace(i)
+                continue
             if self._autoreset_envs[i]:
-                calls.append((True, self._submit_reset(i, None, None)))
+                calls[i] = self.actors[i].reset.remote(None, None)
+                resets.add(i)
             else:
-                calls.append((False, self.actors[i].step.remote(action)))
+                calls[i] = self.actors[i].step.remote(action)
+        results = self._gather(calls, deadline)
+        placed = self._placed(deadline, wait=not calls)
+        resets |= set(placed)
+        results.update(placed)
         obs, infos = list(self._observations), dict[str, Any]()
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=np.bool_)
         truncations = np.zeros(self.num_envs, dtype=np.bool_)
-        for i, (is_reset, ref) in enumerate(calls):
-            result = self._get(i, ref)
-            if result is None:
+        for i in range(self.num_envs):
+            result = results.get(i)
+            if result is None:  # lost now, or its replacement is not up yet
+                if self._lost[i] and i not in self._placing:
+                    self._replace(i)  # in the background, from now
                 obs[i], info, terminations[i] = "", self._lost_info(i), True
-            elif is_reset:
+            elif isinstance(result, BaseException):
+                error = f"{type(result).__name__}: {result} (raised in sub-env {i}'s Ray actor)"
+                info = fault_info(self._last_info[i], Outcome.ENV_ERROR, error)
+                obs[i], terminations[i] = "", True
+            elif i in resets:
                 obs[i], info = result
             else:
                 obs[i], rewards[i], terminations[i], truncations[i], info = result
@@ -352,21 +445,101 @@ class RayVectorEnv(VectorEnv):
 
     def _submit_reset(self, i: int, seed: int | None, options: dict[str, Any] | None) -> Any:
         if self._lost[i]:
-            self.actors[i] = self._pool.new()
-            self._lost[i] = False
+            self._new_actor(i)
         return self.actors[i].reset.remote(seed, options)
 
-    def _get(self, i: int, ref: Any) -> Any:
-        """The call's result, or None when sub-env ``i``'s actor is lost (then killed)."""
+    def _new_actor(self, i: int) -> None:
+        self.actors[i] = self._pool.new(avoid=self._avoided())
+        self._where[i] = self.actors[i].describe.remote()
+        self._lost[i] = False
+
+    def _replace(self, i: int) -> None:
+        """Start placing a fresh actor for sub-env ``i``; its reset is taken when it is up."""
+        self._new_actor(i)
+        self._placing[i] = (self._where[i], self.actors[i].reset.remote(None, None))
+
+    def _gather(self, calls: Mapping[int, Any], deadline: float) -> dict[int, Any]:
+        """Each call's result by ``deadline`` (one wait for all): ``None`` for a sub-env
+        whose actor is lost (then killed), the exception for an env that raised."""
+        ray = self._pool.ray
+        refs = {ref: i for i, ref in calls.items()}
+        ready: list[Any] = []
+        if refs:
+            ready, _ = ray.wait(
+                list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+            )
+        results: dict[int, Any] = {i: None for i in calls}
+        for ref in ready:
+            results[refs[ref]] = self._take(refs[ref], ref)
+        for i in refs.values():
+            if results[i] is None and not self._lost[i]:
+                self._lose(i, f"no result within {self.timeout_s:g} s")
+        return results
+
+    def _placed(self, deadline: float, *, wait: bool) -> dict[int, Any]:
+        """The resets of the replacements that are up (``wait``: for the first, until
+        ``deadline``, when no other sub-env has a result to give)."""
+        ray = self._pool.ray
+        if not self._placing:
+            return {}
+        resets = {reset: i for i, (_, reset) in self._placing.items()}
+        timeout = max(0.0, deadline - time.monotonic()) if wait else 0.0
+        ready, _ = ray.wait(list(resets), num_returns=1, timeout=timeout)
+        if ready:  # whatever else is in by now too
+            ready, _ = ray.wait(list(resets), num_returns=len(resets), timeout=0)
+        results: dict[int, Any] = {}
+        for ref in ready:
+            i = resets[ref]
+            del self._placing[i]
+            result = self._take(i, ref)
+            if result is not None:
+                results[i] = result
+        return results
+
+    def _take(self, i: int, ref: Any) -> Any:
+        """A ready call's result; ``None`` when sub-env ``i``'s actor is lost (then
+        killed); the exception when its env raised."""
         ray = self._pool.ray
         try:
-            return ray.get(ref, timeout=self.timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            self._lost[i] = True
-            self._lost_error[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.kill(self.actors[i], no_restart=True)
-            return None
+            return ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:
+            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}", suspect=True)
+        except ray.exceptions.RayTaskError as exc:
+            return exc.cause if isinstance(exc.cause, Exception) else exc
+        except ray.exceptions.RayError as exc:
+            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return None
+
+    def _lose(self, i: int, why: str, *, suspect: bool = False) -> None:
+        """Mark sub-env ``i``'s actor lost and kill it; ``suspect``: avoid its node a while."""
+        ray = self._pool.ray
+        self._lost[i] = True
+        self._lost_error[i] = why
+        self._placing.pop(i, None)
+        if suspect:
+            node = self._node_of(i)
+            if node:
+                self._suspects[node] = time.monotonic()
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.kill(self.actors[i], no_restart=True)
+
+    def _node_of(self, i: int) -> str:
+        """The node sub-env ``i``'s actor ran on, if it ever said (never waits)."""
+        ray = self._pool.ray
+        with contextlib.suppress(ray.exceptions.RayError):
+            ready, _ = ray.wait([self._where[i]], timeout=0)
+            if ready:
+                return str(ray.get(ready[0], timeout=0)["node_id"])
+        return ""
+
+    def _avoided(self) -> list[str]:
+        """The nodes where an actor was lost in the last ``SUSPECT_S`` seconds."""
+        now = time.monotonic()
+        self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_S}
+        return list(self._suspects)
 
     def _lost_info(self, i: int) -> dict[str, Any]:
-        return lost_info(self._last_info[i], self._lost_error[i])
+        why = self._lost_error[i]
+        if i in self._placing:
+            why += "; its replacement actor is not up yet (the cluster may have no room)"
+        return lost_info(self._last_info[i], why)
