@@ -71,6 +71,8 @@ SUSPECT_S = 120.0
 #: ``sys.exit``, shutdown the default) and that ``keep_signal_handlers`` puts back.
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _NODE_LABEL = "ray.io/node-id"
+#: What Ray's error says when an actor died with its node (not killed, not out of memory).
+_NODE_DIED = "its node has died"
 
 
 def ray_module(what: str = "gym_harness.vector.ray") -> Any:
@@ -503,7 +505,9 @@ class RayVectorEnv(VectorEnv):
         try:
             return ray.get(ref, timeout=0)
         except ray.exceptions.RayActorError as exc:
-            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}", suspect=True)
+            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
+            suspect = unreachable or _NODE_DIED in str(exc)
+            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}", suspect=suspect)
         except ray.exceptions.RayTaskError as exc:
             return exc.cause if isinstance(exc.cause, Exception) else exc
         except ray.exceptions.RayError as exc:
@@ -511,7 +515,8 @@ class RayVectorEnv(VectorEnv):
         return None
 
     def _lose(self, i: int, why: str, *, suspect: bool = False) -> None:
-        """Mark sub-env ``i``'s actor lost and kill it; ``suspect``: avoid its node a while."""
+        """Mark sub-env ``i``'s actor lost and kill it; ``suspect`` (its node died or is
+        unreachable): avoid that node a while, even if Ray still lists it alive."""
         ray = self._pool.ray
         self._lost[i] = True
         self._lost_error[i] = why
