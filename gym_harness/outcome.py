@@ -30,6 +30,7 @@ class Outcome(StrEnum):
     USER_FN_ERROR = "user_fn_error"
     INVALID_ACTION = "invalid_action"
     WORKER_LOST = "worker_lost"
+    ENV_ERROR = "env_error"
     RESOURCE_LIMIT = "resource_limit"
     TURN_TIMEOUT = "turn_timeout"
     IDLE_TIMEOUT = "idle_timeout"

@@ -1,8 +1,8 @@
 """The rollout on a Ray cluster (the optional extra ``gym_harness[ray]``): ``ray_rollout``.
 
 ``ray_rollout`` is what ``gym-harness rollout --ray [ADDRESS]`` runs: the same records as
-the local rollout, spread over a pool of actors (``gym_harness.vector.ray``'s, whose
-:class:`~gym_harness.vector.ray.EnvActor` each runs whole episodes here). The vector env
+the local rollout, spread over a pool of actors (``gym_harness.vector.ray_cluster``'s, whose
+:class:`~gym_harness.vector.ray_cluster.EnvActor` each runs whole episodes here). The vector env
 on Ray, ``RayVectorEnv``, lives in ``gym_harness.vector.ray`` and is importable from here
 as before.
 
@@ -27,13 +27,14 @@ from gym_harness.rollout import episode
 from gym_harness.rollout.groups import group_settings, run_task
 from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, schedule
 from gym_harness.tasks import Task
-from gym_harness.vector.ray import (
+from gym_harness.vector.ray import RayVectorEnv
+from gym_harness.vector.ray_cluster import (
     DEFAULT_RESOURCES,
     ActorPool,
     EnvActor,
-    RayVectorEnv,
     connect,
     ray_module,
+    shutdown,
 )
 
 __all__ = ["RayVectorEnv", "connect", "ray_rollout"]
@@ -145,7 +146,7 @@ def ray_rollout(
         if pool is not None:
             pool.end(spare)
         if owned:
-            ray.shutdown()
+            shutdown()  # the caller's signal handlers kept
 
 
 class _Mission:

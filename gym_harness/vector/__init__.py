@@ -10,8 +10,8 @@
 * :mod:`~gym_harness.vector.results`: the core's words (message kinds, autoreset
   arguments, the wait's slice), a sub-env's result and the batch of ready results.
 * :mod:`~gym_harness.vector.ray`: ``RayVectorEnv``, sub-envs in Ray actors
-  (``gym_harness[ray]``, imported only when used), and the actors and their pool that
-  ``ray_rollout`` shares.
+  (``gym_harness[ray]``, imported only when used); :mod:`~gym_harness.vector.ray_cluster`:
+  the actors, their pool and the Ray connection it shares with ``ray_rollout``.
 * :mod:`~gym_harness.vector.worker`: the worker processes' side, and the info of a
   step whose worker was lost (shared with ``RayVectorEnv``).
 * :mod:`~gym_harness.vector.preload`: the server stack imported once before workers

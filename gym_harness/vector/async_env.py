@@ -29,10 +29,17 @@ result that ended its episode, the sub-env's next step (or ``send``) resets it (
 action is ignored) and its result is the reset's observation and info, reward 0,
 neither flag set. A worker holds no episode state, so a fresh one needs nothing replayed.
 
-**An env's exception** is raised in the parent with the worker's traceback as a note,
-and the worker goes on serving its env, which keeps its state. ``step`` raises it after
-every reply is in; ``recv`` raises it, and the results that came in with it wait for the
-next ``recv``.
+**An env's exception** in a step (or in its autoreset) is that sub-env's result,
+``terminated`` with ``info["error_type"] == "env_error"`` (the exception and the worker's
+traceback in ``info["error"]``); the other sub-envs' results are returned, the worker
+goes on, and the sub-env is reset at its next step. ``reset()`` and calls raise it, with
+the worker's traceback as a note.
+
+**A timeout loses nothing.** ``step_wait(timeout=...)`` or ``recv(timeout=...)`` that
+runs out raises ``multiprocessing.TimeoutError`` and keeps every reply read so far; the
+sub-envs go on. The next ``step_wait()`` (``recv()``) returns them, with the rest, and
+arms the autoreset of the sub-envs whose episode ended, as any step does. Until then
+``step``, ``reset`` and ``call`` raise ``AlreadyPendingCallError``.
 
 **Mixing**: ``step``, ``reset`` and ``call`` raise ``AlreadyPendingCallError`` while a
 sent sub-env's result is not received yet, and ``send`` while a ``step_async``,
@@ -193,34 +200,35 @@ class HarnessVectorEnv(VectorCore):
         self._state = AsyncState.WAITING_STEP
 
     def step_wait(self, timeout: float | None = None) -> Batch:
-        """The batched step results (the ``recv`` of all of ``step``).
+        """The batched step results (the ``recv`` of all of ``step``); a sub-env whose
+        worker died reports ``worker_lost``, one whose env raised ``env_error``.
+
+        Args:
+            timeout: Longest wait in seconds (``None``: until every sub-env answers).
 
         Raises:
-            multiprocessing.TimeoutError: ``timeout`` passed first.
-            Exception: What a sub-env's env raised, once every reply is in.
+            multiprocessing.TimeoutError: ``timeout`` passed first. Nothing is lost: the
+                replies read are kept, and the next ``step_wait()`` returns the whole
+                batch (ended episodes then autoreset at the next step as usual).
         """
         self._check_waiting(AsyncState.WAITING_STEP, "step_wait")
         try:
             self._wait(self._outstanding, timeout, "step_wait")
-        except multiprocessing.TimeoutError:
-            self._abandon()
-            raise
+        except multiprocessing.TimeoutError as exc:
+            raise multiprocessing.TimeoutError(
+                f"{exc} Nothing is lost: what came in is kept and the sub-envs go on; "
+                "call step_wait() again for the whole batch."
+            ) from None
         self._state = AsyncState.DEFAULT
-        results = self._hand_out(sorted(self._in))
         n = self.num_envs
         observations: list[Any] = list(self.observations)
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
         infos: dict[str, Any] = {}
-        for i, result in results.items():
-            if isinstance(result, BaseException):
-                continue  # raised below
+        for i, result in self._hand_out(sorted(self._in)).items():
             observations[i], rewards[i], terminations[i], truncations[i], info = result
             infos = self._add_info(infos, info, i)
-        for result in results.values():
-            if isinstance(result, BaseException):
-                raise result
         return self._observe(observations), rewards, terminations, truncations, infos
 
     # ----------------------------------------------------------------- calls

@@ -16,6 +16,10 @@ EnvPool's as-ready pair over it; ``HarnessVectorEnv`` builds gymnasium's ``step`
 * **A dead worker** is its sub-env's reply (``_LOST``): a step's result reports it as
   ``worker_lost`` (once); the sub-env's next message starts a fresh worker
   (:meth:`VectorCore._restart`), which is reset first.
+* **An env's exception** is its sub-env's result: ``terminated`` with
+  ``info["error_type"] == "env_error"`` and the exception and the worker's traceback in
+  ``info["error"]``; the worker goes on and resets the sub-env at its next step. The
+  other sub-envs' results are returned as usual.
 * **Late replies** to messages nobody waits for any more (a timed-out reset or call,
   ``close()``) are counted as owed and skipped when they come.
 
@@ -38,6 +42,7 @@ from gymnasium.vector import AsyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars
 
+from gym_harness.outcome import Outcome
 from gym_harness.vector.results import (
     AUTORESET,
     RESET,
@@ -52,6 +57,7 @@ from gym_harness.vector.worker import (
     WorkerFailure,
     describe_exit,
     end_processes,
+    fault_info,
     run_worker,
     track,
 )
@@ -151,8 +157,6 @@ class VectorCore(AsyncVectorEnv):
             NoAsyncCallError: Nothing was sent.
             multiprocessing.TimeoutError: ``timeout`` passed first (nothing is lost: the
                 results come with a later ``recv``).
-            Exception: What a sub-env's env raised (the other results wait for the next
-                ``recv``).
         """
         self._assert_is_running()
         if self._state != AsyncState.DEFAULT or not self._outstanding:
@@ -160,13 +164,7 @@ class VectorCore(AsyncVectorEnv):
         if min_envs < 1:
             raise ValueError(f"min_envs must be at least 1, got {min_envs}")
         self._wait(min(min_envs, self._outstanding), timeout, "recv")
-        failed = [i for i, (_, reply) in self._in.items() if reply is not _LOST and not reply[1]]
-        if failed:
-            error = self._hand_out([min(failed)])[min(failed)]
-            assert isinstance(error, BaseException)
-            raise error
-        results = self._hand_out(sorted(self._in))
-        return ready_batch(self.single_observation_space, results)  # type: ignore[arg-type]
+        return ready_batch(self.single_observation_space, self._hand_out(sorted(self._in)))
 
     # ----------------------------------------------------------------- the core
 
@@ -188,21 +186,21 @@ class VectorCore(AsyncVectorEnv):
             else:
                 self._post(i, ("step", action), STEP)
 
-    def _hand_out(self, ids: Iterable[int]) -> dict[int, Result | BaseException]:
-        """Take the replies of ``ids`` as results (an env's exception as itself): a loss is
-        reported once, an ended episode arms its autoreset, a failed env keeps its state."""
-        results: dict[int, Result | BaseException] = {}
+    def _hand_out(self, ids: Iterable[int]) -> dict[int, Result]:
+        """Take the replies of ``ids`` as results: a loss is reported once, an env's
+        exception is ``env_error``, and a result that ends the episode arms its autoreset."""
+        results: dict[int, Result] = {}
         for i in ids:
             kind, reply = self._in.pop(i)
             if reply is _LOST:
                 result = self._loss(i)
+            elif not reply[1]:
+                failure = reply[0]
+                assert isinstance(failure, WorkerFailure)
+                info = fault_info(self._last_info[i], Outcome.ENV_ERROR, failure.describe(i))
+                result = "", 0.0, True, False, info
             else:
-                value, ok = reply
-                if not ok:
-                    assert isinstance(value, WorkerFailure)
-                    results[i] = value.exception(i)
-                    continue
-                result = result_of(kind, value, "", self._last_info[i])
+                result = result_of(kind, reply[0], "", self._last_info[i])
             self._last_info[i] = result[4]
             self._autoreset[i] = result[2] or result[3]
             results[i] = result
@@ -268,7 +266,8 @@ class VectorCore(AsyncVectorEnv):
         if self._state != AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"Calling `{what}` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.",
+                f"`{self._state.value}` to complete: call `{self._state.value}_wait()` "
+                "for its results first (or close()).",
                 str(self._state.value),
             )
         if self._outstanding:

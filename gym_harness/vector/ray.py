@@ -1,21 +1,14 @@
-"""Harness envs in Ray actors (the optional extra ``gym_harness[ray]``): ``RayVectorEnv``.
+"""``RayVectorEnv``: a vector env whose sub-envs are Ray actors (``gym_harness[ray]``).
 
 ``RayVectorEnv`` is a ``gymnasium.vector.VectorEnv`` whose sub-envs live in Ray actors
-placed anywhere in the cluster. The actor (:class:`EnvActor`), the pool that makes,
-replaces and ends actors (:class:`ActorPool`) and :func:`connect` are shared with
-``gym_harness.rollout.ray.ray_rollout``, whose actors add the running of whole episodes.
+placed anywhere in the cluster (:mod:`~gym_harness.vector.ray_cluster`'s actors, pool and
+connection, shared with ``gym_harness.rollout.ray.ray_rollout``).
 
-Each actor holds one harness env, so its harness processes run on the actor's node: the
-harness CLIs (and gym_harness itself) must be installed on every node. An actor that dies
-(its node lost, ``ray.kill``, an out-of-memory kill) is an outcome, not an exception: its
-step reports ``terminated`` with ``info["error_type"] == "worker_lost"``, and a fresh actor
-replaces it at the next reset. The harness of a killed actor dies with it and its workspace
-is removed (by its keeper, as for any owner of a ``HarnessProcess`` that dies): the actors
-run with Ray's ``RAY_kill_child_processes_on_worker_exit`` off, since with it an exiting Ray
-worker SIGKILLs its direct children, the keepers, before they can.
-
-The env keywords go through the object store: ``ray.put`` stores them once, the actors
-get an ``ObjectRef``, and Ray pulls it into a node's store once for every later actor there.
+An actor that dies (its node lost, ``ray.kill``, an out-of-memory kill) is an outcome,
+not an exception: its step reports ``terminated`` with ``info["error_type"] ==
+"worker_lost"``, and a fresh actor is placed in the background (see
+``RayVectorEnv.step``); a step waits at most ``timeout_s`` in all. Ray is imported only
+when a ``RayVectorEnv`` is made.
 
 Threads: one caller thread drives a ``RayVectorEnv`` (as for gymnasium's vector
 envs); the actors run their envs in their own processes.
@@ -24,183 +17,33 @@ envs); the actors run their envs in their own processes.
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
-from gym_harness.utils.imports import import_optional
+from gym_harness.vector.ray_cluster import (
+    DEFAULT_RESOURCES,
+    ActorPool,
+    connect,
+    keep_signal_handlers,
+    shutdown,
+)
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
-from gym_harness.vector.worker import lost_info
+from gym_harness.vector.worker import fault_info, lost_info
 
-__all__ = [
-    "ACTOR_ENV_VARS",
-    "DEFAULT_RESOURCES",
-    "ActorPool",
-    "EnvActor",
-    "RayVectorEnv",
-    "connect",
-    "ray_module",
-]
+__all__ = ["SUSPECT_S", "RayVectorEnv", "connect", "keep_signal_handlers", "shutdown"]
 
-#: Ray actor options of one sub-env unless ``resources_per_env`` says otherwise:
-#: a CPU each (a harness CLI is a busy process), spread over the nodes.
-DEFAULT_RESOURCES: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
-WORKER_LOST = Outcome.WORKER_LOST
-#: Set in every actor's environment. By default a Ray worker that exits (``ray.kill``,
-#: an actor's ``sys.exit``) first SIGKILLs its direct children: our keepers, which then
-#: never remove the workspaces. The keepers end everything the actor started instead.
-ACTOR_ENV_VARS = {"RAY_kill_child_processes_on_worker_exit": "false"}
-
-
-def ray_module(what: str = "gym_harness.vector.ray") -> Any:
-    """The ``ray`` module, or a ``ConfigError`` naming the extra (``what`` needs it)."""
-    return import_optional(
-        "ray",
-        extra="ray",
-        what=what,
-        needs=("init", "is_initialized", "remote", "get", "kill"),
-        note=" (on every node)",
-    )
-
-
-def _actor_options(resources: Mapping[str, Any]) -> dict[str, Any]:
-    """``resources`` with ``ACTOR_ENV_VARS`` added to its runtime env (the caller's win)."""
-    runtime_env = dict(resources.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**ACTOR_ENV_VARS, **(runtime_env.get("env_vars") or {})}
-    return {**resources, "runtime_env": runtime_env}
-
-
-def connect(address: str | None = None) -> bool:
-    """Connect this process to Ray unless it already is.
-
-    Args:
-        address: A cluster's address (``"auto"``, ``"HOST:6379"``,
-            ``"ray://HOST:10001"``). ``None``: ``RAY_ADDRESS`` if set, else start
-            a local instance bound to 127.0.0.1.
-
-    Returns:
-        True if this call connected (the caller then owns ``ray.shutdown()``).
-    """
-    ray = ray_module()
-    if ray.is_initialized():
-        return False
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or None)
-    else:  # a private local instance: nothing of it listens beyond loopback
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
-    return True
-
-
-class EnvActor:
-    """One harness env inside a Ray actor (driven by ``RayVectorEnv``; ``ray_rollout``'s
-    actors add whole episodes)."""
-
-    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any]) -> None:
-        import gym_harness  # noqa: F401  (registers the env ids in this worker)
-
-        self.env: gymnasium.Env[Any, Any] | None = None
-        self.error = ""
-        try:
-            self.env = gymnasium.make(env_id, **env_kwargs)
-        except Exception as exc:  # reported by ready(), so the driver raises a ConfigError
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def ready(self) -> tuple[str, Any, Any]:
-        if self.env is None:
-            return self.error, None, None
-        return "", self.env.observation_space, self.env.action_space
-
-    def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict]:
-        assert self.env is not None
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        assert self.env is not None
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, float(reward), bool(terminated), bool(truncated), info
-
-    def describe(self) -> dict[str, Any]:
-        import ray
-
-        env = None if self.env is None else HarnessEnv.of(self.env)
-        proc = None if env is None else env.process
-        workspace = None if env is None else env.workspace
-        return {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "harness_pid": None if proc is None or proc.returncode is not None else proc.pid,
-            "workspace": None if workspace is None else str(workspace),
-        }
-
-    def close(self) -> None:
-        if self.env is not None:
-            self.env.close()
-
-
-class ActorPool:
-    """Creates, replaces and ends the actors of one driver.
-
-    Args:
-        env_id: The gymnasium id each actor makes.
-        env_kwargs: Its ``gymnasium.make`` keywords (put in the object store once).
-        resources: Ray actor options of each actor.
-        actor: The actor class (:class:`EnvActor` or a subclass).
-        what: Who needs Ray, for the message when it is missing.
-    """
-
-    def __init__(
-        self,
-        env_id: str,
-        env_kwargs: Mapping[str, Any],
-        resources: Mapping[str, Any],
-        *,
-        actor: type[EnvActor] = EnvActor,
-        what: str = "gym_harness.vector.ray",
-    ) -> None:
-        self.ray = ray_module(what)
-        self.env_id = env_id
-        self.kwargs_ref = self.ray.put(dict(env_kwargs))  # shipped once per node
-        self.actor_class = self.ray.remote(actor).options(**_actor_options(resources))
-
-    def new(self) -> Any:
-        return self.actor_class.remote(self.env_id, self.kwargs_ref)
-
-    def check(self, actor: Any, timeout_s: float) -> tuple[Any, Any]:
-        """Wait for ``actor`` to be up; return its spaces or raise ``ConfigError``."""
-        try:
-            error, obs_space, act_space = self.ray.get(actor.ready.remote(), timeout=timeout_s)
-        except self.ray.exceptions.GetTimeoutError as exc:
-            raise ConfigError(
-                f"No Ray worker for {self.env_id} started within {timeout_s:g} s: does the "
-                f"cluster have the resources asked per env? It has {self.ray.cluster_resources()}."
-            ) from exc
-        if error:
-            raise ConfigError(f"Cannot make {self.env_id} on a Ray worker: {error}")
-        return obs_space, act_space
-
-    def end(self, actors: Sequence[Any], grace_s: float = 30.0) -> None:
-        """Close every env (harness stopped, workspace removed), then kill the actors."""
-        refs = []
-        for actor in actors:
-            try:
-                refs.append(actor.close.remote())
-            except self.ray.exceptions.RayError:
-                continue
-        with contextlib.suppress(self.ray.exceptions.RayError):  # dead ones: killed below
-            self.ray.wait(refs, num_returns=len(refs), timeout=grace_s)
-        for actor in actors:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except self.ray.exceptions.RayError:
-                continue
+#: How long a node where an actor was lost is avoided for its replacements, unless Ray
+#: reports it dead sooner (then Ray places nothing there anyway).
+SUSPECT_S = 120.0
+#: What Ray's error says when an actor died with its node (not killed, not out of memory).
+_NODE_DIED = "its node has died"
 
 
 class RayVectorEnv(VectorEnv):
@@ -208,7 +51,9 @@ class RayVectorEnv(VectorEnv):
 
     Same spaces, next-step autoreset and info stacking as gymnasium's own
     vector envs. A sub-env whose actor dies reports a terminated step with
-    ``info["error_type"] == "worker_lost"`` and gets a new actor at its reset.
+    ``info["error_type"] == "worker_lost"`` and gets a new actor, placed in the
+    background. A step waits at most ``timeout_s`` in all. The caller's signal handlers
+    are kept across the Ray start this does (:func:`keep_signal_handlers`).
 
     Args:
         env_id: A gymnasium id, made in each actor with ``gymnasium.make`` (the
@@ -264,15 +109,22 @@ class RayVectorEnv(VectorEnv):
         self._observations: Any = create_empty_array(
             self.single_observation_space, num_envs, np.zeros
         )
-        self._lost = np.zeros(num_envs, dtype=np.bool_)
+        self._lost = np.zeros(num_envs, dtype=np.bool_)  # no live actor: replace it
         self._autoreset_envs = np.zeros(num_envs, dtype=np.bool_)
         self._last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self._lost_error = [""] * num_envs
+        # A replacement being placed: sub-env -> (its probe, its reset), both ObjectRefs.
+        self._placing: dict[int, tuple[Any, Any]] = {}
+        self._where = [self.actors[i].describe.remote() for i in range(num_envs)]  # nodes
+        self._suspects: dict[str, float] = {}  # node id -> when an actor was lost there
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those of ``options["reset_mask"]``), concurrently.
+
+        A sub-env whose actor was lost gets a fresh actor first, and the reset waits for it
+        (at most ``timeout_s`` in all).
 
         Args:
             seed: ``None``, an int (``seed + i`` for sub-env ``i``) or one per sub-env.
@@ -288,19 +140,25 @@ class RayVectorEnv(VectorEnv):
         options = dict(options or {})
         mask = pop_reset_mask(options, self.num_envs)
         wanted = [i for i in range(self.num_envs) if mask[i]]
+        for i in wanted:
+            self._placing.pop(i, None)  # this reset replaces the placing one's
         calls = {i: self._submit_reset(i, seeds[i], options or None) for i in wanted}
+        results = self._gather(calls, time.monotonic() + self.timeout_s)
+        retry = [i for i in wanted if results[i] is None]  # lost: one more fresh actor each
+        again = {i: self._submit_reset(i, seeds[i], options or None) for i in retry}
+        results.update(self._gather(again, time.monotonic() + self.timeout_s))
         infos: dict[str, Any] = {}
         obs = list(self._observations)
-        for i, ref in calls.items():
-            result = self._get(i, ref)
-            if result is None:  # lost on the way: one more fresh actor, then give up
-                result = self._get(i, self._submit_reset(i, seeds[i], options or None))
+        for i in wanted:
+            result = results[i]
             if result is None:
                 raise WorkerLost(
                     f"sub-env {i}: its Ray actor died twice while resetting "
                     f"({self._lost_error[i]}); check the nodes' health and memory.",
                     index=i,
                 )
+            if isinstance(result, BaseException):
+                raise result
             obs[i], info = result
             self._last_info[i] = info
             infos = self._add_info(infos, info, i)
@@ -311,24 +169,49 @@ class RayVectorEnv(VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every sub-env concurrently (autoresetting those whose episode ended).
 
+        A step waits at most ``timeout_s`` in all. A sub-env whose actor is lost (its
+        node gone, killed, or silent past the deadline) reports ``worker_lost``, and a
+        replacement actor is placed in the background, on none of the nodes where actors
+        were lost lately; until it is up, the sub-env's steps report ``worker_lost`` again
+        (the survivors' results never wait for it), then its first step is its reset.
+        An exception of a sub-env's env is that sub-env's ``env_error`` result.
+
         Returns:
             ``(observations, rewards, terminations, truncations, infos)``, batched.
         """
-        calls = []
+        deadline = time.monotonic() + self.timeout_s
+        calls: dict[int, Any] = {}
+        resets: set[int] = set()
         for i, action in enumerate(iterate(self.action_space, actions)):
+            if i in self._placing:
+                continue
+            if self._lost[i]:
+                self._replace(i)
+                continue
             if self._autoreset_envs[i]:
-                calls.append((True, self._submit_reset(i, None, None)))
+                calls[i] = self.actors[i].reset.remote(None, None)
+                resets.add(i)
             else:
-                calls.append((False, self.actors[i].step.remote(action)))
+                calls[i] = self.actors[i].step.remote(action)
+        results = self._gather(calls, deadline)
+        placed = self._placed(deadline, wait=not calls)
+        resets |= set(placed)
+        results.update(placed)
         obs, infos = list(self._observations), dict[str, Any]()
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=np.bool_)
         truncations = np.zeros(self.num_envs, dtype=np.bool_)
-        for i, (is_reset, ref) in enumerate(calls):
-            result = self._get(i, ref)
-            if result is None:
+        for i in range(self.num_envs):
+            result = results.get(i)
+            if result is None:  # lost now, or its replacement is not up yet
+                if self._lost[i] and i not in self._placing:
+                    self._replace(i)  # in the background, from now
                 obs[i], info, terminations[i] = "", self._lost_info(i), True
-            elif is_reset:
+            elif isinstance(result, BaseException):
+                error = f"{type(result).__name__}: {result} (raised in sub-env {i}'s Ray actor)"
+                info = fault_info(self._last_info[i], Outcome.ENV_ERROR, error)
+                obs[i], terminations[i] = "", True
+            elif i in resets:
                 obs[i], info = result
             else:
                 obs[i], rewards[i], terminations[i], truncations[i], info = result
@@ -352,21 +235,104 @@ class RayVectorEnv(VectorEnv):
 
     def _submit_reset(self, i: int, seed: int | None, options: dict[str, Any] | None) -> Any:
         if self._lost[i]:
-            self.actors[i] = self._pool.new()
-            self._lost[i] = False
+            self._new_actor(i)
         return self.actors[i].reset.remote(seed, options)
 
-    def _get(self, i: int, ref: Any) -> Any:
-        """The call's result, or None when sub-env ``i``'s actor is lost (then killed)."""
+    def _new_actor(self, i: int) -> None:
+        self.actors[i] = self._pool.new(avoid=self._avoided())
+        self._where[i] = self.actors[i].describe.remote()
+        self._lost[i] = False
+
+    def _replace(self, i: int) -> None:
+        """Start placing a fresh actor for sub-env ``i``; its reset is taken when it is up."""
+        self._new_actor(i)
+        self._placing[i] = (self._where[i], self.actors[i].reset.remote(None, None))
+
+    def _gather(self, calls: Mapping[int, Any], deadline: float) -> dict[int, Any]:
+        """Each call's result by ``deadline`` (one wait for all): ``None`` for a sub-env
+        whose actor is lost (then killed), the exception for an env that raised."""
+        ray = self._pool.ray
+        refs = {ref: i for i, ref in calls.items()}
+        ready: list[Any] = []
+        if refs:
+            ready, _ = ray.wait(
+                list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+            )
+        results: dict[int, Any] = {i: None for i in calls}
+        for ref in ready:
+            results[refs[ref]] = self._take(refs[ref], ref)
+        for i in refs.values():
+            if results[i] is None and not self._lost[i]:
+                self._lose(i, f"no result within {self.timeout_s:g} s")
+        return results
+
+    def _placed(self, deadline: float, *, wait: bool) -> dict[int, Any]:
+        """The resets of the replacements that are up (``wait``: for the first, until
+        ``deadline``, when no other sub-env has a result to give)."""
+        ray = self._pool.ray
+        if not self._placing:
+            return {}
+        resets = {reset: i for i, (_, reset) in self._placing.items()}
+        timeout = max(0.0, deadline - time.monotonic()) if wait else 0.0
+        ready, _ = ray.wait(list(resets), num_returns=1, timeout=timeout)
+        if ready:  # whatever else is in by now too
+            ready, _ = ray.wait(list(resets), num_returns=len(resets), timeout=0)
+        results: dict[int, Any] = {}
+        for ref in ready:
+            i = resets[ref]
+            del self._placing[i]
+            result = self._take(i, ref)
+            if result is not None:
+                results[i] = result
+        return results
+
+    def _take(self, i: int, ref: Any) -> Any:
+        """A ready call's result; ``None`` when sub-env ``i``'s actor is lost (then
+        killed); the exception when its env raised."""
         ray = self._pool.ray
         try:
-            return ray.get(ref, timeout=self.timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            self._lost[i] = True
-            self._lost_error[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.kill(self.actors[i], no_restart=True)
-            return None
+            return ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as exc:
+            unreachable = isinstance(exc, ray.exceptions.ActorUnavailableError)
+            suspect = unreachable or _NODE_DIED in str(exc)
+            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}", suspect=suspect)
+        except ray.exceptions.RayTaskError as exc:
+            return exc.cause if isinstance(exc.cause, Exception) else exc
+        except ray.exceptions.RayError as exc:
+            self._lose(i, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return None
+
+    def _lose(self, i: int, why: str, *, suspect: bool = False) -> None:
+        """Mark sub-env ``i``'s actor lost and kill it; ``suspect`` (its node died or is
+        unreachable): avoid that node a while, even if Ray still lists it alive."""
+        ray = self._pool.ray
+        self._lost[i] = True
+        self._lost_error[i] = why
+        self._placing.pop(i, None)
+        if suspect:
+            node = self._node_of(i)
+            if node:
+                self._suspects[node] = time.monotonic()
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.kill(self.actors[i], no_restart=True)
+
+    def _node_of(self, i: int) -> str:
+        """The node sub-env ``i``'s actor ran on, if it ever said (never waits)."""
+        ray = self._pool.ray
+        with contextlib.suppress(ray.exceptions.RayError):
+            ready, _ = ray.wait([self._where[i]], timeout=0)
+            if ready:
+                return str(ray.get(ready[0], timeout=0)["node_id"])
+        return ""
+
+    def _avoided(self) -> list[str]:
+        """The nodes where an actor was lost in the last ``SUSPECT_S`` seconds."""
+        now = time.monotonic()
+        self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_S}
+        return list(self._suspects)
 
     def _lost_info(self, i: int) -> dict[str, Any]:
-        return lost_info(self._last_info[i], self._lost_error[i])
+        why = self._lost_error[i]
+        if i in self._placing:
+            why += "; its replacement actor is not up yet (the cluster may have no room)"
+        return lost_info(self._last_info[i], why)

@@ -39,6 +39,7 @@ __all__ = [
     "WorkerFailure",
     "describe_exit",
     "end_processes",
+    "fault_info",
     "lost_info",
     "release_parent_side",
     "run_worker",
@@ -65,6 +66,10 @@ class WorkerFailure:
         error = self.error if self.error is not None else RuntimeError(self.text)
         error.add_note(f"(raised in the vector worker of sub-env {index})\n{self.trace}")
         return error
+
+    def describe(self, index: int) -> str:
+        """The exception, whose it is and the worker's traceback, for ``info["error"]``."""
+        return f"{self.text} (raised in the vector worker of sub-env {index})\n{self.trace}"
 
 
 def run_worker(
@@ -234,14 +239,26 @@ def lost_info(last: Mapping[str, Any], error: str) -> dict[str, Any]:
         last: The sub-env's last info (its turn, episode and task ids, a wrapper's keys).
         error: What happened, for ``info["error"]``.
     """
+    return fault_info(last, Outcome.WORKER_LOST, error)
+
+
+def fault_info(last: Mapping[str, Any], outcome: Outcome, error: str) -> dict[str, Any]:
+    """The info of a step the vector env answers for its sub-env: ``StepInfo``'s keys,
+    ``outcome`` (``worker_lost``, ``env_error``).
+
+    Args:
+        last: The sub-env's last info (its turn, episode and task ids, a wrapper's keys).
+        outcome: What ended the step.
+        error: What happened, for ``info["error"]``.
+    """
     lost: StepInfo = {
         "turn": int(last.get("turn", 0)) + 1,
-        "error_type": Outcome.WORKER_LOST.value,
+        "error_type": outcome.value,
         "error": error,
         "events": [],
         "tool_calls": 0,
         "elapsed_s": 0.0,
-        "exit_code": -1,  # unknown: the harness died with its worker
+        "exit_code": -1,  # unknown: the harness died with its worker, or was not asked
         "stderr_tail": "",
         "episode_id": str(last.get("episode_id", "")),
         "task_id": str(last.get("task_id", "")),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -151,15 +153,81 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
         assert list(terminated) == [False, True] and not truncated.any()
         assert list(info["error_type"]) == ["", "worker_lost"]
         assert info["turn"][1] == 2 and "Actor" in info["error"][1]
-        obs, _, terminated, _, info = envs.step(np.array(["e", "ignored"], dtype=object))
-        assert list(obs) == ["echo: e", ""] and list(info["turn"]) == [3, 0]  # autoreset
-        assert list(info["error_type"]) == ["", ""] and not terminated.any()
+        # Its replacement is placed in the background: sub-env 0 never waits for it, and
+        # sub-env 1 reports worker_lost until the replacement is up, then its reset.
+        turn, deadline = 3, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            obs, _, terminated, _, info = envs.step(np.array([f"e{turn}", "x"], dtype=object))
+            assert obs[0] == f"echo: e{turn}" and info["turn"][0] == turn
+            turn += 1
+            if info["error_type"][1] == "":
+                break
+            assert info["error_type"][1] == "worker_lost" and "not up yet" in info["error"][1]
+        assert obs[1] == "" and info["turn"][1] == 0 and not terminated.any()  # autoreset
         obs, *_ = envs.step(np.array(["f", "g"], dtype=object))
         assert list(obs) == ["echo: f", "echo: g"]
         after = envs.worker_info()
         assert after[0]["pid"] == before[0]["pid"] and after[1]["pid"] != before[1]["pid"]
     finally:
         envs.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_actors_env_exception_is_its_env_error_result(ray_instance: None) -> None:
+    envs = RayVectorEnv(
+        "gym_harness/Command-v0",
+        2,
+        env_kwargs={"command": [sys.executable, AGENT]},
+        resources_per_env=HALF_CPU,
+    )
+    try:
+        envs.reset(seed=0)
+        obs, _, terminated, _, info = envs.step(np.array(["a", 3], dtype=object))
+        assert list(obs) == ["echo: a", ""] and list(terminated) == [False, True]
+        assert list(info["error_type"]) == ["", "env_error"]
+        assert "the action must be a str" in info["error"][1]
+        obs, _, terminated, _, info = envs.step(np.array(["b", "x"], dtype=object))
+        assert list(obs) == ["echo: b", ""] and list(info["turn"]) == [2, 0]  # its reset
+        obs, *_ = envs.step(np.array(["c", "d"], dtype=object))
+        assert list(obs) == ["echo: c", "echo: d"]
+    finally:
+        envs.close()
+
+
+SIGTERM_AFTER_ROLLOUT = """
+import io, json, os, signal, sys
+from gym_harness.agents.demo import demo_tasks_path
+from gym_harness.rollout.ray import ray_rollout
+from gym_harness.tasks import load_tasks
+
+caught = []
+signal.signal(signal.SIGTERM, lambda number, frame: caught.append(number))
+tasks = [t for t in load_tasks(demo_tasks_path()) if t.id == "add"]
+out = io.StringIO()
+written = ray_rollout("gym_harness/Reference-v0", {}, tasks, n=1, max_turns=1, out=out,
+                      num_workers=1, resources_per_env={"num_cpus": 0.5})
+os.kill(os.getpid(), signal.SIGTERM)  # handled by the handler above, not Ray's sys.exit
+print(json.dumps({"written": written, "caught": caught}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_handler_installed_before_ray_rollout_still_runs_after_it(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("RAY_ADDRESS", None)  # a private local instance, started and shut down by it
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AFTER_ROLLOUT],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"written": 1, "caught": [int(signal.SIGTERM)]}
 
 
 @pytest.mark.timeout(120)

@@ -233,18 +233,26 @@ def test_a_worker_that_died_between_steps_is_found_by_a_call_then_reported() -> 
 
 
 @pytest.mark.timeout(60)
-def test_an_envs_exception_is_raised_with_the_workers_traceback_and_the_worker_goes_on() -> None:
+def test_an_envs_exception_is_its_results_env_error_and_the_worker_goes_on() -> None:
     before = descendants()
     envs = make("default", num_envs=2)
     try:
         envs.reset(seed=0)
         roots = roots_of(envs)
         workers = [p.pid for p in envs.processes]
-        with pytest.raises(TypeError, match="the action must be a str") as e:
-            envs.step(np.array(["a", 3], dtype=object))
-        assert "raised in the vector worker of sub-env 1" in "\n".join(e.value.__notes__)
-        obs, *_ = envs.step(np.array(["b", "c"], dtype=object))
-        assert list(obs) == ["echo: b", "echo: c"]
+        obs, rewards, terminated, truncated, infos = envs.step(np.array(["a", 3], dtype=object))
+        assert obs[0] == "echo: a" and obs[1] == ""  # the other sub-env's result stands
+        assert list(terminated) == [False, True] and not truncated.any()
+        assert list(rewards) == [0.0, 0.0]
+        assert list(infos["error_type"]) == ["", "env_error"]
+        error = infos["error"][1]
+        assert error.startswith("TypeError: the action must be a str")
+        assert "raised in the vector worker of sub-env 1" in error and "Traceback" in error
+        assert infos["turn"][1] == 1 and infos["episode_id"][1]  # after the reset: turn 1
+        obs, _, terminated, _, infos = envs.step(np.array(["b", "ignored"], dtype=object))
+        assert obs[0] == "echo: b" and obs[1] == "" and infos["turn"][1] == 0  # reset
+        obs, *_ = envs.step(np.array(["c", "d"], dtype=object))
+        assert list(obs) == ["echo: c", "echo: d"]
         assert [p.pid for p in envs.processes] == workers
         pids = descendants() - before
     finally:

@@ -24,7 +24,7 @@ import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from support.process import wait_gone
 
-import gym_harness  # noqa: F401  (registers the env ids)
+from gym_harness import RewardContext
 from gym_harness.vector import HarnessVectorEnv
 
 WAIT_BOUND_S = 60  # the harness gives up waiting for its file after this
@@ -188,16 +188,21 @@ def test_a_crashed_harness_and_a_killed_worker_are_their_envs_results(
 
 
 @pytest.mark.timeout(120)
-def test_an_env_exception_is_raised_by_recv_and_the_other_results_wait(harness: list[str]) -> None:
+def test_an_env_exception_is_that_envs_result_and_the_others_come_with_it(
+    harness: list[str],
+) -> None:
     envs = make(harness)
     try:
         envs.reset(seed=0)
         envs.send([123, "b", "c"])  # a non-str action: HarnessEnv.step raises
-        with pytest.raises(TypeError):
-            envs.recv(min_envs=3)
-        obs, _, _, _, infos = envs.recv(min_envs=2)
-        assert list(infos["env_id"]) == [1, 2] and list(obs) == ["echo: b", "echo: c"]
-        envs.send(["a"], env_ids=[0])  # the env kept its state: no reset
+        got = by_id(envs.recv(min_envs=3))
+        assert got[1] == ("echo: b", 0.0, False, False, "")
+        assert got[2] == ("echo: c", 0.0, False, False, "")
+        assert got[0] == ("", 0.0, True, False, "env_error")
+        envs.send(["a"], env_ids=[0])  # the step after env_error resets the sub-env
+        obs, _, _, _, infos = envs.recv()
+        assert list(obs) == [""] and list(infos["turn"]) == [0]
+        envs.send(["a"], env_ids=[0])
         obs, _, _, _, infos = envs.recv()
         assert list(obs) == ["echo: a"] and list(infos["turn"]) == [1]
     finally:
@@ -215,6 +220,45 @@ def test_recv_timeout_loses_nothing(harness: list[str]) -> None:
         release(harness, "late")
         obs, _, _, _, infos = envs.recv(min_envs=2)
         assert list(infos["env_id"]) == [0, 1] and list(obs) == ["echo: wait late"] * 2
+    finally:
+        envs.close()
+
+
+def one_when_done(ctx: RewardContext) -> float:
+    """The reward: 1.0 for the turn that ends the episode."""
+    return 1.0 if ctx.terminated else 0.0
+
+
+@pytest.mark.timeout(180)
+def test_a_timed_out_step_wait_keeps_a_finished_episode_for_the_next_call(
+    harness: list[str],
+) -> None:
+    envs = gymnasium.make_vec(
+        "gym_harness/Command-v0", num_envs=2, command=harness, reward_fn=one_when_done
+    )
+    try:
+        envs.reset(seed=0)
+        envs.step_async(np.array(["/done", "wait late"], dtype=object))
+        message = ""
+        for _ in range(120):  # until sub-env 0's reply is in (the wait runs up to 60 s)
+            with pytest.raises(multiprocessing.TimeoutError) as timed_out:
+                envs.step_wait(timeout=0.5)
+            message = str(timed_out.value)
+            if "1 of 2 replies in" in message:
+                break
+        assert "1 of 2 replies in" in message and "call step_wait() again" in message
+        with pytest.raises(AlreadyPendingCallError):  # the batch is still owed
+            envs.step(np.array(["x", "y"], dtype=object))
+        release(harness, "late")
+        obs, rewards, terminated, truncated, infos = envs.step_wait()
+        assert list(obs) == ["echo: /done", "echo: wait late"]
+        assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, False]
+        assert not truncated.any() and list(infos["error_type"]) == ["", ""]
+        obs, rewards, terminated, _, infos = envs.step(np.array(["x", "y"], dtype=object))
+        assert obs[0] == "" and infos["turn"][0] == 0  # the finished episode autoreset
+        assert obs[1] == "echo: y" and infos["turn"][1] == 2
+        obs, *_ = envs.step(np.array(["z", "w"], dtype=object))
+        assert list(obs) == ["echo: z", "echo: w"]  # no ResetNeeded anywhere
     finally:
         envs.close()
 
