@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
+from gymnasium.envs.registration import EnvSpec
 
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError
@@ -134,13 +135,12 @@ class EnvActor:
     """One harness env inside a Ray actor (driven by ``RayVectorEnv``; ``ray_rollout``'s
     actors add whole episodes)."""
 
-    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any]) -> None:
-        import gym_harness  # noqa: F401  (registers the env ids in this worker)
-
+    def __init__(self, env: str | EnvSpec, env_kwargs: Mapping[str, Any]) -> None:
+        # The driver hands over its registered spec: a Ray worker needs no registry of its own.
         self.env: gymnasium.Env[Any, Any] | None = None
         self.error = ""
         try:
-            self.env = gymnasium.make(env_id, **env_kwargs)
+            self.env = gymnasium.make(env, **env_kwargs)
         except Exception as exc:  # reported by ready(), so the driver raises a ConfigError
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -198,6 +198,7 @@ class ActorPool:
     ) -> None:
         self.ray = ray_module(what)
         self.env_id = env_id
+        self.spec = _spec_of(env_id)
         self.kwargs_ref = self.ray.put(dict(env_kwargs))  # shipped once per node
         self.options = _actor_options(resources)
         self.remote_class = self.ray.remote(actor)
@@ -210,8 +211,8 @@ class ActorPool:
             selector = {_NODE_LABEL: f"!in({', '.join(sorted(avoid))})"}
             with contextlib.suppress(ValueError, TypeError):  # a Ray without label selectors
                 actor_class = self.remote_class.options(**self.options, label_selector=selector)
-                return actor_class.remote(self.env_id, self.kwargs_ref)
-        return self.actor_class.remote(self.env_id, self.kwargs_ref)
+                return actor_class.remote(self.spec, self.kwargs_ref)
+        return self.actor_class.remote(self.spec, self.kwargs_ref)
 
     def check(self, actor: Any, timeout_s: float) -> tuple[Any, Any]:
         """Wait for ``actor`` to be up; return its spaces or raise ``ConfigError``."""
@@ -241,3 +242,12 @@ class ActorPool:
                 self.ray.kill(actor, no_restart=True)
             except self.ray.exceptions.RayError:
                 continue
+
+
+def _spec_of(env_id: str) -> str | EnvSpec:
+    """The registered spec of ``env_id`` in this process (a worker makes the env from it),
+    or the id itself when this process does not know it (gymnasium then says so there)."""
+    try:
+        return gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        return env_id
