@@ -429,8 +429,10 @@ def event_line(event: HarnessEvent) -> str | None:
 
 def call_record(call: ModelCall) -> dict[str, Any]:
     """One model call as a rollout record's ``calls`` entry: what the policy saw (messages,
-    tools), what it answered (``completion``: content, tool calls, stop reason), and the
-    ``token_ids``/``logprobs``/``prompt_token_ids``/``usage`` its action carried."""
+    tools, whether the request ``extends`` the previous call and where its new messages
+    start), what it answered (``completion``: content, tool calls, stop reason), and the
+    ``token_ids``/``logprobs``/``prompt_token_ids``/``usage``/``policy_version`` its action
+    carried."""
     seen = call.observation or {}
     completion = call.to_dict()["completion"]
     return {
@@ -440,11 +442,14 @@ def call_record(call: ModelCall) -> dict[str, Any]:
         "messages": seen.get("messages"),
         "tools": seen.get("tools"),
         "sampling": seen.get("sampling"),
+        "extends": bool(seen.get("extends")),
+        "new_from": int(seen.get("new_from") or 0),
         "completion": completion,
         "token_ids": call.token_ids,
         "logprobs": call.logprobs,
         "prompt_token_ids": call.prompt_token_ids,
         "usage": call.usage,
+        "policy_version": call.policy_version,
         "error": call.error,
         "retries": call.retries,
         "truncated": call.truncated,

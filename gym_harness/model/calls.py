@@ -1,8 +1,9 @@
 """The records of model mode: one :class:`ModelCall` per model call, kept under bounds.
 
 A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
-observation the policy saw (messages, tools, sampling), the completion it gave, its
-``token_ids``/``logprobs``/``prompt_token_ids``/``usage``, and how the exchange ended.
+observation the policy saw (messages, tools, sampling, whether the request extends the
+previous call), the completion it gave, its ``token_ids``/``logprobs``/``prompt_token_ids``/
+``usage``/``policy_version``, and how the exchange ended.
 :class:`CallLog` keeps them, in the order the calls arrived, under a count and a byte bound.
 :class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
@@ -184,11 +185,17 @@ class ModelCall:
         """The policy's token counts, when the action carried them."""
         return dict(self.completion.usage) if self.completion else {}
 
+    @property
+    def policy_version(self) -> int | str | None:
+        """Which weights sampled this completion, when the action said so."""
+        return self.completion.policy_version if self.completion else None
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage`` sit at the top level."""
+        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage``/``policy_version`` sit at
+        the top level."""
         completion = self.completion.to_dict() if self.completion else None
         if completion is not None:
-            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids"):
+            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids", "policy_version"):
                 completion.pop(key, None)
         return {
             "seq": self.seq,
@@ -202,6 +209,7 @@ class ModelCall:
             "logprobs": self.logprobs,
             "prompt_token_ids": self.prompt_token_ids,
             "usage": self.usage,
+            "policy_version": self.policy_version,
             "status": self.status,
             "error": self.error,
             "started": self.started,
@@ -334,11 +342,16 @@ class ReplayTable:
         max_entries: Most answers remembered.
         max_bytes: Most bytes remembered (see :func:`weight`: the request, whose body an
             entry keeps for comparing, and the completion).
+
+    Attributes:
+        newest: The last main call answered, and its answer: what the episode's next
+            call may extend (``ModelRequest.extends``). Kept whatever the bounds.
     """
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.newest: tuple[ModelRequest, Completion] | None = None
         self._table: OrderedDict[CallKey, tuple[Answered, int]] = OrderedDict()
         self._by_cheap: dict[tuple[str, int], list[CallKey]] = {}
         self._bytes = 0
@@ -346,8 +359,17 @@ class ReplayTable:
     def __len__(self) -> int:
         return len(self._table)
 
-    def put(self, key: CallKey, answer: Answered, request_bytes: int = 0) -> None:
-        """Remember ``answer`` under ``key`` (its request's body had ``request_bytes``)."""
+    def put(
+        self,
+        key: CallKey,
+        answer: Answered,
+        request_bytes: int = 0,
+        request: ModelRequest | None = None,
+    ) -> None:
+        """Remember ``answer`` under ``key`` (its request's body had ``request_bytes``);
+        ``request`` is the call's when it was a main call (it becomes :attr:`newest`)."""
+        if request is not None:
+            self.newest = (request, answer.completion)
         size = weight(request_bytes, answer.completion)
         if size > self.max_bytes:
             return
@@ -368,6 +390,7 @@ class ReplayTable:
 
     def clear(self) -> None:
         """Forget everything (a new episode)."""
+        self.newest = None
         self._table.clear()
         self._by_cheap.clear()
         self._bytes = 0

@@ -352,6 +352,8 @@ class ModelTurns:
                 "tools": [],
                 "sampling": {},
                 "stream": False,
+                "extends": False,
+                "new_from": 0,
             },
             ensure_ascii=False,
         )
