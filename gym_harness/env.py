@@ -30,7 +30,7 @@ from gymnasium.error import ResetNeeded
 
 from gym_harness.config import FIELD_NAMES, check_env_options
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.events import HarnessEvent, TurnResult
+from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import EpisodeContext, Harness
 from gym_harness.harnesses.registry import make_harness
 from gym_harness.lifecycle import Lifecycle
@@ -343,6 +343,56 @@ class HarnessEnv(gymnasium.Env[str, str]):
         child, obs, info = fork_episode(parent, self._owned.current, strict)
         return cast(HarnessEnv, child), obs, info
 
+    def truncate(self) -> float:
+        """End the episode here, cut by a limit of the caller's, and score it as cut.
+
+        For a step limit outside the env: gymnasium's ``TimeLimit``, a rollout's
+        ``max_steps``, a trainer's ``max_turns``. In model mode the turn under way (the
+        one whose model call the policy holds) is recorded as truncated and scored; in
+        turn mode the last turn is scored again as truncated (its reward replaced).
+        Either way ``reward_fn`` sees ``ctx.truncated`` and ``ctx.cause == "max_steps"``,
+        and the harness is stopped. An episode that already ended is left as it is.
+
+        Returns:
+            The episode's reward (``trajectory.total_reward``).
+
+        Raises:
+            ResetNeeded: Before the first ``reset`` or after ``close()``.
+
+        Example:
+            >>> for _ in range(max_steps):  # doctest: +SKIP
+            ...     obs, reward, terminated, truncated, info = env.step(policy(obs))
+            ...     if terminated or truncated:
+            ...         break
+            ... else:
+            ...     reward = env.truncate()
+        """
+        if self._state in (Lifecycle.NEW, Lifecycle.STOPPED):
+            self._check_running("truncate()")
+        if self._state is not Lifecycle.RUNNING:
+            return self.trajectory.total_reward
+        turns = self.trajectory.turns
+        if self._model is not None and self._runner is not None and self._model.pending:
+            runner, model = self._runner, self._model
+            events = runner.paused_events
+            response = "".join(
+                str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT
+            )
+            result = TurnResult(response=response, events=events)
+            started = turns[-1].started_at + turns[-1].elapsed_s if turns else time.time()
+            self._record(len(turns) + 1, model.message, result, started, 0.0, truncated=True)
+        elif self._model is None and turns and not (turns[-1].terminated or turns[-1].truncated):
+            last = turns.pop()
+            result = TurnResult(
+                last.response, last.events, error_type=last.error_type, error=last.error
+            )
+            self._record(last.turn, last.message, result, last.started_at, last.elapsed_s, True)
+        else:
+            return self.trajectory.total_reward
+        self._become(Lifecycle.ENDED, "truncate() ended the episode: max_steps")
+        self._stop_process()
+        return self.trajectory.total_reward
+
     def list_tools(self) -> list[Any]:
         """The env tools as the harness sees them (``ToolSpec``s, served names)."""
         return self._ensure_bridge().list_tools()
@@ -452,14 +502,26 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._callbacks(self.on_event, event)  # never raises an Exception; see CallbackGuard
 
     def _record(
-        self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
+        self,
+        turn: int,
+        message: str,
+        result: TurnResult,
+        started_at: float,
+        elapsed: float,
+        truncated: bool = False,
     ) -> TurnRecord:
-        """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
+        """Record the turn in the trajectory, then score it (user code runs on a kept turn).
+
+        ``truncated``: a limit outside the turn cut it (``truncate()``).
+        """
         if self._state is Lifecycle.STOPPED:
             raise ResetNeeded(f"close() was called (from another thread) during turn {turn}.")
         if self._proxy is not None:  # a call still waiting upstream is cut into the turn
             result = self._proxy.close_turn(result)
-        record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
+        terminated, cut = end_flags(result)
+        record = TurnRecord.of_turn(
+            turn, message, result, started_at, elapsed, terminated, cut or truncated
+        )
         self.trajectory.turns.append(record)
         if self.reward_fn is not None and result.error_type != Outcome.INVALID_ACTION:
             task = None if self._task is None else self._task.to_dict()  # invalid: 0.0, unscored

@@ -70,10 +70,15 @@ class RewardContext:
         turn: The turn number, from 1.
         error_type: ``""`` or the outcome name of a failed turn.
         terminated: The turn ends the episode (done, or a fault).
-        truncated: The turn was cut short (a timeout).
+        truncated: The turn was cut short: by a timeout, or by a step limit
+            (``HarnessEnv.truncate``: gymnasium's ``TimeLimit``, a rollout's or a
+            trainer's step budget). A cut episode is scored like any other.
         task: The episode's task as a dict, or ``None``.
         hidden_dir: The directory holding the task's ``hidden_files`` (outside the
             workspace; a confined harness cannot read it), or ``None``.
+        cause: Why the episode was cut: the timeout's outcome (``"turn_timeout"``,
+            ``"idle_timeout"``, ``"episode_timeout"``, ``"policy_timeout"``) or
+            ``"max_steps"`` for a step limit; ``""`` when it was not cut.
     """
 
     message: str
@@ -86,6 +91,7 @@ class RewardContext:
     truncated: bool
     task: Mapping[str, Any] | None = None
     hidden_dir: Path | None = None
+    cause: str = ""
 
 
 class RewardFn(Protocol):
@@ -156,6 +162,7 @@ class TurnRecord:
             truncated=self.truncated,
             task=task,
             hidden_dir=hidden_dir,
+            cause=(self.error_type or "max_steps") if self.truncated else "",
         )
 
     def scored(self, reward: float, outcome: Outcome, why: str) -> TurnRecord:
