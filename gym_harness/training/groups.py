@@ -10,17 +10,20 @@ log-probabilities; the action carries them (``token_ids``, ``logprobs``,
 ``prompt_token_ids``, ``policy_version``) with the text and tool calls parsed from the
 completion.
 
-**One row per episode.** An episode's calls usually form one chain; where the harness
-rewrote its history the chain breaks, and the row is the chain with the most sampled
-tokens (never a concatenation across a break): ``EpisodeRow.calls`` and
-``trained_calls`` say how many calls the episode made and how many the row trains.
-A completion that never reached the harness (``invalid_action``, ``policy_timeout``) is
-left out of the row. An episode that never started, or ended before its first model call,
-gives a row with one masked token, ``reward=None`` and ``error`` saying why: a recorded
-failure, not an exception.
+**One row per episode, from the env's own trace.** When a wave has ended, each sub-env's
+``training_trace()["chains"]`` (the calls the harness got, merged into token chains; a
+completion that never reached the harness is not in it) gives the row: an episode's
+calls usually form one chain; where the harness rewrote its history the chain breaks,
+and the row is the chain with the most sampled tokens, never a concatenation across a
+break. ``EpisodeRow.calls``, ``trained_calls`` and ``breaks`` say how many calls the
+policy answered, how many the row trains, and how often the chain broke. An episode that
+never started, or ended before its first model call, gives a row with one masked token,
+``reward=None`` (started: its reward) and ``error`` saying why: a recorded failure, not
+an exception.
 
-**The reward** is the sum of the episode's step rewards (``reward_fn``'s at the turn's
-end; for an episode cut by a limit, its truncation score).
+**Limits and rewards.** An episode still running after ``max_turns`` model calls is cut
+with ``HarnessEnv.truncate()``: ``reward_fn`` scores it with ``ctx.truncated``. The row's
+reward is the episode's total (``trajectory.total_reward``), read when the wave ends.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, Protocol
 import gymnasium
 import numpy as np
 
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.training.chain import ChatTokenizer, TokenChain
 from gym_harness.training.tool_calls import completion_action
 from gym_harness.vector.factory import make_vector_env
@@ -42,9 +45,6 @@ from gym_harness.vector.factory import make_vector_env
 __all__ = ["EpisodeRow", "GroupRollout", "Sampler"]
 
 logger = logging.getLogger(__name__)
-
-#: Outcomes whose last completion never reached the harness.
-_UNDELIVERED = frozenset({"invalid_action", "policy_timeout"})
 
 
 class Sampler(Protocol):
@@ -104,10 +104,11 @@ class _Episode:
 
     task: Mapping[str, Any]
     chain: TokenChain
-    reward: float = 0.0
+    reward: float | None = None
     outcome: str = ""
     error: str = ""
     started: bool = False
+    trace: Mapping[str, Any] | None = None
 
 
 class GroupRollout:
@@ -173,14 +174,13 @@ class GroupRollout:
             return []
         episodes = [_Episode(task, self._chain()) for task in tasks]
         envs = make_vector_env(
-            min(self.concurrency, len(tasks)),
-            max_episode_steps=self.max_turns,
-            context=self.context,
-            **self.env_kwargs,
+            min(self.concurrency, len(tasks)), context=self.context, **self.env_kwargs
         )
         try:
             for start in range(0, len(episodes), envs.num_envs):
-                self._wave(envs, episodes[start : start + envs.num_envs])
+                wave = episodes[start : start + envs.num_envs]
+                self._wave(envs, wave)
+                self._finish(envs, wave)
         finally:
             envs.close()
         return [self._row(episode) for episode in episodes]
@@ -188,7 +188,7 @@ class GroupRollout:
     # ------------------------------------------------------------------ a wave
 
     def _wave(self, envs: Any, wave: list[_Episode]) -> None:
-        """Run ``wave[i]`` on sub-env ``i`` until every episode ended."""
+        """Run ``wave[i]`` on sub-env ``i`` until every episode ended or met ``max_turns``."""
         waiting: dict[int, dict[str, Any]] = {}
         for members in _by_task(wave).values():
             mask = np.array([i in members for i in range(envs.num_envs)])
@@ -196,11 +196,11 @@ class GroupRollout:
             observations, infos = envs.reset(options={"task": task, "reset_mask": mask})
             for i in members:
                 request, error = _request(observations[i], infos, i)
+                wave[i].started = not str(infos["error_type"][i])
                 if error:
                     wave[i].error = error
                     wave[i].outcome = str(infos["error_type"][i])
                 else:
-                    wave[i].started = True
                     waiting[i] = request
         live = set(waiting)
         while live:
@@ -209,17 +209,30 @@ class GroupRollout:
                 actions = self._act([waiting[i] for i in ids], [wave[i].chain for i in ids])
                 envs.send(actions, ids)
                 waiting = {}
-            observations, rewards, terminated, truncated, infos = envs.recv(1)
-            for j, i in enumerate(infos["env_id"]):
-                episode = wave[int(i)]
-                episode.reward += float(rewards[j])
+            observations, _, terminated, truncated, infos = envs.recv(1)
+            for j, i in enumerate(int(i) for i in infos["env_id"]):
+                episode = wave[i]
                 if terminated[j] or truncated[j]:
-                    live.discard(int(i))
+                    live.discard(i)
                     episode.outcome = str(infos["error_type"][j])
-                    if episode.outcome in _UNDELIVERED:
-                        episode.chain.discard()
-                    continue
-                waiting[int(i)] = json.loads(observations[j])
+                elif self.max_turns is not None and len(episode.chain.calls) >= self.max_turns:
+                    live.discard(i)  # held at its next model call; truncate() ends it
+                    episode.outcome = "max_turns"
+                else:
+                    waiting[i] = json.loads(observations[j])
+
+    def _finish(self, envs: Any, wave: list[_Episode]) -> None:
+        """Cut the episodes held at ``max_turns``; read every episode's reward and trace."""
+        try:
+            rewards = envs.call("truncate")
+            trajectories = envs.call("trajectory")
+        except WorkerLost as exc:  # a worker died under the call: the wave's rows train nothing
+            for episode in wave:
+                episode.error = episode.error or f"the episode's trace was lost: {exc}"
+            return
+        for episode, reward, trajectory in zip(wave, rewards, trajectories, strict=False):
+            episode.reward = float(reward)
+            episode.trace = trajectory.training_trace()
 
     def _act(self, requests: list[dict[str, Any]], chains: list[TokenChain]) -> list[str]:
         """Sample for each waiting request; the actions, with the ids they carry."""
@@ -258,26 +271,23 @@ class GroupRollout:
         )
 
     def _row(self, episode: _Episode) -> EpisodeRow:
-        chain = episode.chain
-        best = chain.longest()
-        if best is None or best.sampled == 0:
-            error = episode.error or "the episode ended before the policy answered a model call"
-            logger.warning(
-                "episode of task %r trains nothing: %s", episode.task.get("id", ""), error
-            )
+        chains = list((episode.trace or {}).get("chains") or [])
+        best = max(chains, key=lambda chain: sum(chain["mask"]), default=None)
+        if best is None or not sum(best["mask"]):
+            error = episode.error or "the episode ended before the harness got an answer"
+            logger.warning("episode of task %r trains nothing: %s", episode.task.get("id"), error)
             return self._empty_row(episode, error)
-        rows = chain.rows()
         return EpisodeRow(
-            prompt_ids=list(best.prompt_ids),
-            completion_ids=list(best.completion_ids),
-            env_mask=list(best.mask),
-            logprobs=list(best.logprobs),
-            policy_versions=[list(span) for span in best.policy_versions],
+            prompt_ids=list(best["prompt_token_ids"]),
+            completion_ids=list(best["completion_token_ids"]),
+            env_mask=list(best["mask"]),
+            logprobs=list(best["logprobs"]),
+            policy_versions=[list(span) for span in best["policy_versions"]],
             reward=episode.reward,
             outcome=episode.outcome,
-            calls=len(chain.calls),
-            trained_calls=best.calls,
-            breaks=len(rows) - 1,
+            calls=len(episode.chain.calls),
+            trained_calls=len(best["node_ids"]),
+            breaks=len(chains) - 1,
         )
 
     def _empty_row(self, episode: _Episode, error: str) -> EpisodeRow:
@@ -286,7 +296,8 @@ class GroupRollout:
         ids = episode.chain.render(prompt, None, generation_prompt=True)
         end = min(episode.chain.end_of_turn_ids)
         reward = episode.reward if episode.started else None
-        return EpisodeRow(ids, [end], [0], [0.0], [], reward, episode.outcome, error)
+        calls = len(episode.chain.calls)
+        return EpisodeRow(ids, [end], [0], [0.0], [], reward, episode.outcome, error, calls)
 
 
 def _env_kwargs(
