@@ -120,8 +120,9 @@ class GroupRollout:
             messages; see :mod:`gym_harness.training.chain`).
         sampler: The policy (see :class:`Sampler`).
         concurrency: Most episodes at once (one harness and one worker process each).
-        max_turns: Most model calls per episode (the env's step limit; ``None``: the env
-            id's own, or none). An episode cut by it is scored as a truncation.
+        max_turns: Most model calls per episode (``None``: the env id's step limit; none
+            for a dict, where the env's own limits end an episode). An episode still
+            running then is cut with ``HarnessEnv.truncate()``, scored as truncated.
         action: Turns a completion's text into the action (default: Hermes tool calls).
         policy_version: Gives the version of the policy now sampling (e.g. the trainer's
             step), recorded with each call.
