@@ -211,12 +211,6 @@ class TokenChain:
         self.calls.append(call)
         return call
 
-    def discard(self) -> None:
-        """Forget the last recorded call (its answer never reached the harness)."""
-        self._pending = None
-        if self.calls:
-            self.calls.pop()
-
     # ------------------------------------------------------------------ rows
 
     def rows(self) -> list[ChainRow]:
