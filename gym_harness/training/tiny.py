@@ -61,9 +61,9 @@ def tiny_tokenizer() -> Any:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=_SPECIAL,
+        chat_template=CHAT_TEMPLATE,
     )
     tokenizer.add_tokens(_ADDED)
-    tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
