@@ -216,7 +216,7 @@ def until_timed_out(env: Any) -> None:
     model = HarnessEnv.of(env)._mode  # the ModelMode: its endpoint counts the lapses
     assert model is not None
     deadline = time.monotonic() + 60
-    while model.live.lapses()[0] < 1:  # type: ignore[attr-defined]
+    while model.live.lapses()[0] < 1:
         assert time.monotonic() < deadline, "no model call timed out"
         time.sleep(0.02)
 
