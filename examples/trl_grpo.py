@@ -1,39 +1,33 @@
-"""Train a harness's model with TRL's GRPOTrainer, white-box, through OpenEnv.
+"""Train a harness's model with TRL's GRPOTrainer: each model call the harness makes is
+sampled by the trainer's model, and each episode is one training row.
 
-The harness (here the Reference agent; any CLI works the same: ``harness="codex"``,
-``"claude_code"``, ...) runs in ``mode="model"``: each model call it makes is one
-``model_step`` of the trainer's policy, and the token ids the policy sampled go to the
-trainer unchanged. OpenEnv's own ``build_harness_rollout_func`` turns our session factory
-and adapter into the ``rollout_func`` TRL calls.
+The harness (here the Reference agent; any CLI works the same: ``--harness codex``,
+``claude_code``, ...) runs in ``mode="model"``. ``gym_harness.training.trl.rollout_func``
+is the ``rollout_func`` TRL calls: the ``num_generations`` episodes of each prompt run
+concurrently, each call's prompt ids extend the previous call's prompt + completion (one
+token chain per episode), and the row masks the ids the environment inserted.
 
-    python examples/trl_grpo.py --dry-run   # one rollout with a scripted policy (no GPU)
-    python examples/trl_grpo.py --model Qwen/Qwen3-0.6B --engine http://127.0.0.1:8000
+    python examples/trl_grpo.py --tiny       # 2 steps on CPU, a tiny model built here
+    trl vllm-serve --model Qwen/Qwen3-0.6B    # GPU: the policy's engine, in another shell
+    python examples/trl_grpo.py --model Qwen/Qwen3-0.6B
 
-Needs ``pip install 'gym_harness[openenv]' && pip install --no-deps 'openenv==0.10.0'``;
-training also needs ``trl``, ``torch``, ``datasets`` and an OpenAI-compatible vLLM server
-for the policy (``vllm serve MODEL``), which returns the engine's own token ids.
+Needs ``pip install 'gym_harness[train]'`` (trl, transformers, accelerate, datasets,
+torch); the GPU path also needs vLLM (``pip install 'trl[vllm]'``). ``--tiny`` downloads
+nothing: its model is random, so it decides the tool use itself (``add`` first, then the
+model's text); the ids and log-probabilities stay the model's own.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-from openenv.core.harness import (
-    HarnessRunLimits,
-    ModelStep,
-    ModelStepResult,
-    ResourceSession,
-    build_harness_rollout_func,
-)
-from openenv.core.llm_client import LLMResponse, ToolCall
-
 from gym_harness import RewardContext
-from gym_harness.openenv import HarnessSessionFactory, ModelModeAdapter
+from gym_harness.training.trl import env_reward, rollout_func
 
 PROMPTS = ["What is 20 + 22? Use the add tool.", "Add 7 and 35 with the add tool."]
 
@@ -44,119 +38,87 @@ def add(a: int, b: int) -> int:
 
 
 def reward(ctx: RewardContext) -> float:
-    """1.0 when the final reply gives 42."""
-    return 1.0 if "42" in ctx.response else 0.0
+    """1.0 when the final reply gives 42; 0.0 otherwise, and for an episode cut short."""
+    return 0.0 if ctx.truncated else float("42" in ctx.response)
 
 
-def make_rollout_func(
-    model_step_builder: Callable[[Any, ResourceSession], ModelStep], harness: str = "reference"
-) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
-    """TRL's ``rollout_func(prompts, trainer)``: one model-mode episode per prompt."""
-    factory = HarnessSessionFactory(
-        {"harness": harness, "mode": "model"}, tools=[add], reward_fn=reward
-    )
-    return build_harness_rollout_func(
-        session_factory=factory,
-        harness_adapter=ModelModeAdapter(),
-        model_step_builder=model_step_builder,
-        limits=HarnessRunLimits(max_turns=8),
-    )
-
-
-def scripted_step(trainer: Any, session: ResourceSession) -> ModelStep:
-    """A stand-in policy for the dry run: calls the tool once, then answers; made-up ids."""
-    ids = itertools.count(1)
-
-    def step(messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]) -> Any:
-        if not any(m.get("role") == "tool" for m in messages):
-            args = {"a": 20, "b": 22}
-            response = LLMResponse(content="", tool_calls=[ToolCall("c1", tools[0].name, args)])
-        else:
-            response = LLMResponse(content="The answer is 42.")
-        prompt, completion = [next(ids) for _ in range(4)], [next(ids) for _ in range(3)]
-        return ModelStepResult(response, prompt, completion, [-0.5] * len(completion))
-
-    return step
-
-
-def engine_step(base_url: str, model: str) -> Callable[[Any, ResourceSession], ModelStep]:
-    """A policy served by vLLM: the engine's own prompt ids, sampled ids and logprobs."""
-
-    def builder(trainer: Any, session: ResourceSession) -> ModelStep:
-        import httpx2
-
-        def step(messages: list[dict[str, Any]], tools: list[Any], sampling: dict[str, Any]) -> Any:
-            body = {
-                "model": model,
-                "messages": messages,
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters": t.input_schema,
-                        },
-                    }
-                    for t in tools
-                ],
-                "return_token_ids": True,  # vLLM: prompt_token_ids and token_ids come back
-                "logprobs": True,
-                **sampling,
-            }
-            answer = httpx2.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).json()
-            choice = answer["choices"][0]
-            calls = [
-                ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
-                for c in choice["message"].get("tool_calls") or []
-            ]
-            return ModelStepResult(
-                LLMResponse(content=choice["message"].get("content") or "", tool_calls=calls),
-                prompt_ids=answer["prompt_token_ids"],
-                completion_ids=choice["token_ids"],
-                logprobs=[e["logprob"] for e in choice["logprobs"]["content"]],
-            )
-
-        return step
-
-    return builder
-
-
-def env_reward(completions: list[Any], env_reward: list[float], **kwargs: Any) -> list[float]:
-    """TRL reward function: the env's reward, which the rollout function returned."""
-    return list(env_reward)
-
-
-def train(model: str, engine: str) -> None:
-    """GRPO over the harness (needs trl, torch, datasets, and a vLLM server at ``engine``)."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 32]),
-        args=GRPOConfig(output_dir="grpo-harness", num_generations=4, max_steps=10),
-        rollout_func=make_rollout_func(engine_step(engine, model)),
-    )
-    trainer.train()
+def tool_first(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    """``--tiny``'s tool use: call ``add`` first, then answer with the model's text."""
+    if not any(m.get("role") == "tool" for m in request["messages"]):
+        return {"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 20, "b": 22}}]}
+    return {"content": text}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="one scripted rollout, no GPU")
-    parser.add_argument("--model", default="Qwen/Qwen3-0.6B")
-    parser.add_argument("--engine", default="http://127.0.0.1:8000", help="vLLM server")
+    parser.add_argument("--tiny", action="store_true", help="a tiny local model on CPU")
+    parser.add_argument("--model", default="Qwen/Qwen3-0.6B", help="the model to train (GPU)")
+    parser.add_argument("--harness", default="reference", help="reference, codex, ...")
+    parser.add_argument("--steps", type=int, default=2, help="training steps")
+    parser.add_argument("--output-dir", default="grpo-harness")
     args = parser.parse_args(argv)
-    if not args.dry_run:
-        train(args.model, args.engine)
-        return 0
-    rows = make_rollout_func(scripted_step)(PROMPTS, None)  # as TRL calls it
-    for i in range(len(PROMPTS)):
-        row = {key: rows[key][i] for key in ("prompt_ids", "completion_ids", "logprobs")}
-        print(json.dumps({**row, "env_reward": rows["env_reward"][i]}))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    config: dict[str, Any] = {
+        "output_dir": args.output_dir,
+        "num_generations": 4,  # TRL repeats each prompt this many times: one episode each
+        "per_device_train_batch_size": 4,
+        "max_steps": args.steps,
+        "max_completion_length": 256,  # per model call
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+    options: dict[str, Any] = {}
+    if args.tiny:
+        from gym_harness.training.tiny import tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        model: Any = tiny_model(tokenizer)
+        # TRL defaults to bf16, which a CPU run refuses: say CPU and float32.
+        config.update(use_cpu=True, bf16=False, max_completion_length=16, num_generations=2)
+        config.update(per_device_train_batch_size=2)
+        options["action"] = tool_first
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = args.model
+        # The engine that samples is TRL's vLLM server; TRL pushes the new weights to it
+        # before every rollout (without use_vllm an engine of yours keeps the old weights).
+        config.update(use_vllm=True, vllm_mode="server")
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=env_reward,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 16]),
+        args=GRPOConfig(**config),
+        rollout_func=rollout_func(
+            f"gym_harness/{_ENV_IDS.get(args.harness, args.harness)}",
+            tools=[add],
+            reward_fn=reward,
+            max_turns=8,
+            concurrency=8,
+            **options,
+        ),
+    )
+    trainer.train()
+    for entry in trainer.state.log_history:  # one JSON line per logged step
+        print(json.dumps({k: v for k, v in entry.items() if k in ("step", "loss", "reward")}))
     return 0
 
+
+_ENV_IDS = {
+    "reference": "Reference-v0",
+    "codex": "Codex-v0",
+    "claude_code": "ClaudeCode-v0",
+    "opencode": "OpenCode-v0",
+    "qwen_code": "QwenCode-v0",
+    "gemini_cli": "GeminiCLI-v0",
+}
 
 if __name__ == "__main__":
     sys.exit(main())

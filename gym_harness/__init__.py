@@ -58,6 +58,7 @@ from gym_harness.records.trajectory import RewardContext, RewardFn, StepInfo, Tr
 from gym_harness.registration import register_envs
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks
+from gym_harness.training.chain import TokenChain
 from gym_harness.vector.async_env import HarnessVectorEnv
 from gym_harness.vector.factory import make_vector_env
 
@@ -129,6 +130,7 @@ __all__ = [
     "SSEEvent",
     "StepInfo",
     "Task",
+    "TokenChain",
     "TokenLogprob",
     "ToolCallRecord",
     "ToolCallResult",

@@ -156,6 +156,11 @@ class HarnessConfig:
             (``return_token_ids``, ``logprobs``), record them with each exchange
             (``Trajectory.training_trace()``), and take them back out of the answer the
             harness gets. An upstream that ignores the request is recorded as text-level.
+        capture_sampling: With ``capture``, sampling fields (``{"temperature": 1.0,
+            "top_p": 1.0, ...}``) set on each Chat Completions request on its way upstream,
+            over the harness's own: a trainer's sampling policy (TRL's harness worker passes
+            one), so the recorded logprobs are the policy's. ``None`` leaves requests as
+            the harness wrote them.
         max_mcp_sessions: MCP sessions one episode may open on the env's tool bridge at
             once; one more ``initialize`` gets a JSON-RPC error (open ones keep working).
         tool_workers: Threads the bridge runs sync env tools on, at most; a call that
@@ -223,6 +228,7 @@ class HarnessConfig:
     allow_plain_text: bool = False
     capture_max_bytes: int = 4 * 1024 * 1024
     capture_tokens: bool = False
+    capture_sampling: Mapping[str, float] | None = None
     max_mcp_sessions: int = 64
     tool_workers: int = 32
     cgroup: bool = True
@@ -322,6 +328,18 @@ class HarnessConfig:
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
                 )
+        sampling = self.capture_sampling
+        if sampling is not None and not (
+            isinstance(sampling, Mapping)
+            and all(
+                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                for k, v in sampling.items()
+            )
+        ):
+            raise ConfigError(
+                "HarnessConfig.capture_sampling must map field names to numbers "
+                f'({{"temperature": 1.0, "top_p": 1.0}}), got {sampling!r}.'
+            )
         for name in ("upstream", "upstream_api_key_env"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

@@ -37,7 +37,7 @@ from gym_harness.modes.base import Episode, Mode, Recorder
 from gym_harness.modes.turns import TurnMode
 from gym_harness.outcome import Outcome
 from gym_harness.process.resources import EnvResources
-from gym_harness.records.events import HarnessEvent
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 from gym_harness.records.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
@@ -309,6 +309,62 @@ class HarnessEnv(gymnasium.Env[str, str]):
         parent = Parent(self.trajectory, spawn, self.harness, session, limit, held, self._user_fn)
         child, obs, info = fork_episode(parent, self._owned.current, strict)
         return cast(HarnessEnv, child), obs, info
+
+    def truncate(self) -> float:
+        """End the episode here, cut by a limit of the caller's, and score it as cut.
+
+        For a step limit outside the env: gymnasium's ``TimeLimit``, a rollout's
+        ``max_steps``, a trainer's ``max_turns``. In model mode the turn under way (the
+        one whose model call the policy holds) is recorded as truncated and scored; in
+        turn mode the last turn is scored again as truncated (its reward replaced).
+        Either way ``reward_fn`` sees ``ctx.truncated`` and ``ctx.cause == "max_steps"``,
+        and the harness is stopped. An episode that already ended is left as it is.
+
+        Returns:
+            The episode's reward (``trajectory.total_reward``).
+
+        Raises:
+            ResetNeeded: Before the first ``reset`` or after ``close()``.
+
+        Example:
+            >>> for _ in range(max_steps):  # doctest: +SKIP
+            ...     obs, reward, terminated, truncated, info = env.step(policy(obs))
+            ...     if terminated or truncated:
+            ...         break
+            ... else:
+            ...     reward = env.truncate()
+        """
+        if self._state in (Lifecycle.NEW, Lifecycle.STOPPED):
+            self._check_running("truncate()")
+        episode, mode = self._mode.episode, self._mode
+        if self._state is not Lifecycle.RUNNING or episode is None:
+            return self.trajectory.total_reward
+        turns = self.trajectory.turns
+        held = getattr(mode, "pending", None) is not None  # model mode: a call the policy holds
+        if episode.runner is not None and held:
+            events = episode.runner.paused_events
+            response = "".join(
+                str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT
+            )
+            result = TurnResult(response=response, events=events)
+            started = turns[-1].started_at + turns[-1].elapsed_s if turns else time.time()
+            message = str(getattr(mode, "message", ""))
+            mode.recorder.record(episode, len(turns) + 1, message, result, started, 0.0, True)
+        elif (
+            self._model_options is None and turns and not turns[-1].terminated | turns[-1].truncated
+        ):
+            last = turns.pop()
+            result = TurnResult(
+                last.response, last.events, error_type=last.error_type, error=last.error
+            )
+            mode.recorder.record(
+                episode, last.turn, last.message, result, last.started_at, last.elapsed_s, True
+            )
+        else:
+            return self.trajectory.total_reward
+        self._become(Lifecycle.ENDED, "truncate() ended the episode: max_steps")
+        self._stop_process()
+        return self.trajectory.total_reward
 
     @classmethod
     def _fork_child(

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.capture.http import (
@@ -105,6 +105,9 @@ class ModelProxy(LoopbackService):
         request_tokens: Ask Chat Completions upstreams for the engine's token ids and
             logprobs (``capture/tokens.py``: ``return_token_ids``, ``logprobs``), record
             them, and take what the harness did not ask for out of its copy of the answer.
+        sampling: Sampling fields set on each Chat Completions request, over the
+            harness's own (a trainer's sampling policy); the record keeps the request as
+            sent upstream.
         timeout_s: Longest silence from the upstream (before the answer starts or between
             two chunks) before the exchange is given up as ``"stalled"``.
         connect_timeout_s: Longest wait to connect to the upstream.
@@ -133,6 +136,7 @@ class ModelProxy(LoopbackService):
         api_key: str | None = None,
         request_logprobs: bool = False,
         request_tokens: bool = False,
+        sampling: Mapping[str, float] | None = None,
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
@@ -153,6 +157,7 @@ class ModelProxy(LoopbackService):
         self.upstream = upstream.rstrip("/")
         self.request_logprobs = request_logprobs
         self.request_tokens = request_tokens
+        self.sampling = dict(sampling or {})
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._api_key = api_key
@@ -294,6 +299,10 @@ class ModelProxy(LoopbackService):
 
             call.content, call.tokens = ask_for_tokens(call.content)
             call.added = call.added or "logprobs" in call.tokens
+        if self.sampling and path.endswith("/chat/completions"):
+            from gym_harness.capture.tokens import set_sampling
+
+            call.content = set_sampling(call.content, self.sampling)
         if self._token_upstream != token and carries(token, call.content, outgoing, query):
             self._token_upstream = token  # from now on the upstream may echo it
         if self._token_upstream == token:
@@ -488,6 +497,7 @@ def start_proxy(config: HarnessConfig) -> ModelProxy:
         api_key=key,
         request_logprobs=config.request_logprobs,
         request_tokens=config.capture_tokens,
+        sampling=config.capture_sampling,
         max_record_bytes=config.capture_max_bytes,
     )
     proxy.start()

@@ -15,11 +15,12 @@ Threads: the proxy's event loop; a :class:`TokenStripper` belongs to one exchang
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from gym_harness.utils import bounded_json
 
-__all__ = ["MAX_EVENT_BYTES", "MAX_HELD_BYTES", "TokenStripper", "ask_for_tokens"]
+__all__ = ["MAX_EVENT_BYTES", "MAX_HELD_BYTES", "TokenStripper", "ask_for_tokens", "set_sampling"]
 
 #: Most bytes a stripper holds back of a JSON answer (it is held whole); past it the rest
 #: of the answer goes to the harness as the upstream sent it.
@@ -48,6 +49,22 @@ def ask_for_tokens(content: bytes) -> tuple[bytes, tuple[str, ...]]:
         return content, ()
     body.update({name: value for name, value in _ASK})
     return json.dumps(body).encode(), added
+
+
+def set_sampling(content: bytes, sampling: Mapping[str, float]) -> bytes:
+    """A Chat Completions body whose sampling fields are ``sampling``'s (a trainer's policy:
+    the upstream samples as the trainer scores), over whatever the harness set.
+
+    A body that is not a JSON object goes up as it came.
+    """
+    try:
+        body = bounded_json.loads(content)  # the harness wrote it: bounded
+    except ValueError:
+        return content
+    if not isinstance(body, dict) or all(body.get(k) == v for k, v in sampling.items()):
+        return content
+    body.update(sampling)
+    return json.dumps(body).encode()
 
 
 class TokenStripper:

@@ -52,6 +52,7 @@ from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSes
 from gym_harness.harnesses.codex_config import (
     DEFAULT_OPENAI_BASE,
     KNOWN_MODELS,
+    POLICY_MODEL,
     catalog_entry,
     codex_config,
     native_codex,
@@ -86,15 +87,18 @@ class CodexHarness(Harness):
 
     Args:
         executable: The ``codex`` command or a path to it.
-        model: The model name; ``None`` keeps Codex's default.
+        model: The model name; ``None`` keeps Codex's default (in model mode,
+            ``POLICY_MODEL``: Codex's default model reaches MCP tools only through
+            JavaScript code, so a policy would be offered no env tool).
         base_url: An OpenAI-Responses-compatible endpoint (``.../v1``); ``None``
             uses ``OPENAI_BASE_URL`` from the user's environment, else OpenAI's.
         api_key_env: The variable in the user's environment holding the API key
             (passed through by name: its value is never copied into the config).
         sandbox: ``"read-only"``, ``"workspace-write"`` or ``"danger-full-access"``.
-        model_catalog: A ``model_catalog_json`` entry: ``None`` writes one only for
-            a model name this Codex version does not know, ``False`` never, or a
-            dict (an entry from ``codex debug models``) used as given.
+        model_catalog: A ``model_catalog_json`` entry: ``None`` writes one for a model
+            name this Codex version does not know and, in model mode, for every name
+            (the env is the model: its entry offers the env tools as functions);
+            ``False`` never; or a dict (an entry from ``codex debug models``) used as given.
         extra_config: More ``config.toml`` keys, merged over ours (nested dicts are tables).
         extra_args: More ``codex`` arguments, placed before ``app-server``
             (``["-c", "key=value"]``).
@@ -195,14 +199,16 @@ class CodexHarness(Harness):
             base_url = self.base_url or os.environ.get("OPENAI_BASE_URL") or ""
             key_var = self.api_key_env
             inherit += tuple(n for n in present([key_var]) if n not in inherit)
+        model_mode = ctx.policy_timeout_s is not None
+        model = self.model or (POLICY_MODEL if model_mode else None)
         catalog_path = None
-        entry = self._catalog()
+        entry = self._catalog(model, model_mode)
         if entry is not None:
             catalog_path = write_private(
                 codex_home / "model_catalog.json", json.dumps({"models": [entry]})
             )
         toml = codex_config(
-            model=self.model,
+            model=model,
             base_url=base_url or DEFAULT_OPENAI_BASE,
             key_var=key_var,
             sandbox=self.sandbox,
@@ -228,12 +234,15 @@ class CodexHarness(Harness):
             params["threadId"] = origin.session["thread_id"]
         return Launch(config, CodexSession(ctx, params), connect_ports=ports)
 
-    def _catalog(self) -> dict[str, Any] | None:
+    def _catalog(self, model: str | None, model_mode: bool) -> dict[str, Any] | None:
+        """The ``model_catalog_json`` entry of ``model``, if one is written."""
         if isinstance(self.model_catalog, dict):
-            return {**self.model_catalog, "slug": self.model or self.model_catalog["slug"]}
-        if self.model_catalog is False or not self.model or self.model in KNOWN_MODELS:
+            return {**self.model_catalog, "slug": model or self.model_catalog["slug"]}
+        if self.model_catalog is False or not model:
             return None
-        return catalog_entry(self.model)
+        if model in KNOWN_MODELS and not model_mode:
+            return None
+        return catalog_entry(model)
 
 
 class CodexSession(HarnessSession):

@@ -19,6 +19,7 @@ from gym_harness.harnesses._common import toml_document
 __all__ = [
     "DEFAULT_OPENAI_BASE",
     "KNOWN_MODELS",
+    "POLICY_MODEL",
     "catalog_entry",
     "codex_config",
     "native_codex",
@@ -36,6 +37,12 @@ KNOWN_MODELS = frozenset(
         "gpt-daybreak-blue-latest", "gpt-daybreak-red-latest", "gpt-5.5", "codex-auto-review",
     }
 )  # fmt: skip
+
+#: The model name Codex asks for in model mode when none is given. Codex 0.171.0's default
+#: model (gpt-6.2-sol) sends no function tools: it offers MCP tools only inside the
+#: JavaScript of its ``exec`` tool, so a policy would see none of the env's. Under this
+#: name, with its catalog entry (``catalog_entry``), the env tools are functions.
+POLICY_MODEL = "gym-harness-policy"
 
 
 def codex_config(

@@ -17,6 +17,8 @@ from typing import Any
 
 from gym_harness.capture.http import read_body, send_json
 from gym_harness.model._exchange import send_other
+from gym_harness.model._link import linked
+from gym_harness.model.action import Completion
 from gym_harness.model.answer import error_body
 from gym_harness.model.request import BadRequest, ModelRequest, RequestReader
 from gym_harness.records.exchanges import api_of
@@ -38,6 +40,7 @@ async def take_in(
     refused: Refused,
     reader: RequestReader,
     episode: int,
+    previous: tuple[ModelRequest, Completion] | None = None,
 ) -> tuple[ModelRequest, bytes] | None:
     """Read one request's body and the model call it holds.
 
@@ -48,6 +51,8 @@ async def take_in(
         request_id: The id the call gets.
         refused: Records a 413 or a 400 before it is answered.
         reader: The endpoint's reader; ``episode`` the key's episode number.
+        previous: The episode's last main call answered, and its answer: the call is
+            read as extending it or not (:func:`~gym_harness.model._link.linked`).
 
     Returns:
         The model call and its body; ``None`` when the request was answered here (or the
@@ -76,7 +81,7 @@ async def take_in(
     if request is None:
         await send_other(send, method, path)
         return None
-    return request, body
+    return linked(request, previous), body
 
 
 async def unauthorized(send: Any, path: str) -> None:

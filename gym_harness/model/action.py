@@ -5,11 +5,14 @@ An action is a ``str``. A string that parses as a JSON object with a ``content``
 
     {"content": str, "tool_calls": [{"id"?: str, "name": str, "arguments": object | str}],
      "stop_reason"?: str, "token_ids"?: [int], "logprobs"?: [...], "prompt_token_ids"?: [int],
-     "usage"?: {...}}
+     "policy_version"?: int | str, "usage"?: {...}}
 
 (a tool call in OpenAI's own shape, ``{"type": "function", "id", "function": {"name",
 "arguments"}}``, is accepted too, so an assistant message of the observation can be sent
-back as is). Any other string is the assistant's text. :func:`parse_action` returns a
+back as is). Any other string is the assistant's text. ``token_ids``, ``logprobs``,
+``prompt_token_ids``, ``usage`` and ``policy_version`` (which weights sampled this
+answer, for a trainer that updates them while episodes run) are kept for training and
+never sent to the harness. :func:`parse_action` returns a
 :class:`Completion` or raises :class:`InvalidAction` with the reason; it raises nothing
 else, whatever the string holds, and its work is bounded by :class:`ActionLimits`.
 """
@@ -75,12 +78,14 @@ class ActionLimits:
         max_depth: Deepest nesting of JSON arrays and objects.
         max_tool_calls: Most tool calls in one completion.
         max_trace: Longest ``token_ids`` or ``logprobs`` list.
+        max_version_chars: Longest ``policy_version`` string.
     """
 
     max_chars: int = 8 * 1024 * 1024
     max_depth: int = 64
     max_tool_calls: int = 128
     max_trace: int = 1 << 20
+    max_version_chars: int = 256
 
 
 def new_call_id(api: str) -> str:
@@ -197,6 +202,7 @@ def _completion(
         logprobs=_trace(message, "logprobs", limits, ints=False),
         usage=_usage(message.get("usage")),
         prompt_token_ids=_trace(message, "prompt_token_ids", limits, ints=True),
+        policy_version=_version(message.get("policy_version"), limits),
     )
 
 
@@ -273,6 +279,21 @@ def _trace(
         if not ints and (isinstance(entry, bool) or not isinstance(entry, int | float | dict)):
             raise InvalidAction(f"logprobs entries must be numbers or objects, got {_kind(entry)}")
     return tuple(raw)
+
+
+def _version(raw: Any, limits: ActionLimits) -> int | str | None:
+    if raw is None or type(raw) is int:
+        return raw
+    if not isinstance(raw, str) or not raw:
+        raise InvalidAction(
+            "policy_version must be an int or a non-empty string (which weights sampled "
+            f"the answer), got {_kind(raw) if raw != '' else 'an empty string'}"
+        )
+    if len(raw) > limits.max_version_chars:
+        raise InvalidAction(
+            f"policy_version is {len(raw)} characters, over the limit of {limits.max_version_chars}"
+        )
+    return raw
 
 
 def _usage(raw: Any) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Model mode's call tracking: the :class:`ModelCall` records kept under bounds.
 
-The record itself (``ModelCall``) lives in ``gym_harness.records.calls``.
+The record itself (``ModelCall``: the observation the policy saw, whether the request
+extends the previous call, the completion, its ``policy_version``) lives in
+``gym_harness.records.calls``.
 :class:`CallLog` keeps the records, in the order the calls arrived, under a count and a byte bound.
 :class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
@@ -215,11 +217,16 @@ class ReplayTable:
         max_entries: Most answers remembered.
         max_bytes: Most bytes remembered (see :func:`weight`: the request, whose body an
             entry keeps for comparing, and the completion).
+
+    Attributes:
+        newest: The last main call answered, and its answer: what the episode's next
+            call may extend (``ModelRequest.extends``). Kept whatever the bounds.
     """
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.newest: tuple[ModelRequest, Completion] | None = None
         self._table: OrderedDict[CallKey, tuple[Answered, int]] = OrderedDict()
         self._by_cheap: dict[tuple[str, int], list[CallKey]] = {}
         self._bytes = 0
@@ -227,8 +234,17 @@ class ReplayTable:
     def __len__(self) -> int:
         return len(self._table)
 
-    def put(self, key: CallKey, answer: Answered, request_bytes: int = 0) -> None:
-        """Remember ``answer`` under ``key`` (its request's body had ``request_bytes``)."""
+    def put(
+        self,
+        key: CallKey,
+        answer: Answered,
+        request_bytes: int = 0,
+        request: ModelRequest | None = None,
+    ) -> None:
+        """Remember ``answer`` under ``key`` (its request's body had ``request_bytes``);
+        ``request`` is the call's when it was a main call (it becomes :attr:`newest`)."""
+        if request is not None:
+            self.newest = (request, answer.completion)
         size = weight(request_bytes, answer.completion)
         if size > self.max_bytes:
             return
@@ -249,6 +265,7 @@ class ReplayTable:
 
     def clear(self) -> None:
         """Forget everything (a new episode)."""
+        self.newest = None
         self._table.clear()
         self._by_cheap.clear()
         self._bytes = 0

@@ -20,7 +20,8 @@ wire format (:class:`~gym_harness.model.AnswerWriter`).
   key (:class:`~gym_harness.model.calls.CallKey`) finds candidates to compare.
 * **Incremental reads.** Each request is read from what the episode's earlier ones left
   (:class:`~gym_harness.model.request.RequestReader`): only the new part of the
-  conversation is parsed and converted.
+  conversation is parsed and converted. Whether it extends the last main call answered
+  (``extends``, ``new_from``) is judged against that call (:mod:`gym_harness.model._link`).
 * **A dropped connection** leaves its call waiting (a retry may come); delivering to it
   records the answer and keeps it for that retry.
 * **Malformed bodies** of a model call's path get 400 with the reason
@@ -52,6 +53,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from gym_harness.capture.http import send_json
@@ -369,7 +371,8 @@ class ModelEndpoint(LoopbackService):
         self._log.add(record, call.request.size)
         if answer is not None and call.key is not None:
             answered = Answered(*answer, call.answer_id, call.created, call.seq)
-            self._replay.put(call.key, answered, call.request.size)
+            main = None if call.side else call.request  # what the next call may extend
+            self._replay.put(call.key, answered, call.request.size, main)
         self._set_wake()
 
     def _log_call(self, epoch: int, seq: int, request: ModelRequest | None, path: str,
@@ -407,7 +410,7 @@ class ModelEndpoint(LoopbackService):
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
         with self._lock:  # the key and its episode, read together
-            token, epoch = self._token, self._epoch
+            token, epoch, newest = self._token, self._epoch, self._replay.newest
         _, _, ok = swap_credentials(token, None, headers, query, method, path)
         if not ok:
             await unauthorized(send, path)
@@ -423,7 +426,7 @@ class ModelEndpoint(LoopbackService):
             refused=lambda status, why: self._log_call(
                 epoch, seq, None, path, False, None, status, why, started
             ),
-            reader=self._reader, episode=epoch,
+            reader=self._reader, episode=epoch, previous=newest,
         )  # fmt: skip
         if taken is None:
             return
@@ -432,10 +435,7 @@ class ModelEndpoint(LoopbackService):
         side = is_side(self.side_call, request, hdrs)
         if side and self.config.model_calls == "main":
             side_upstream = self.side_upstream
-
-            def record(completion: Completion | None, status: int, error: str) -> None:
-                self._log_call(epoch, seq, request, path, True, completion, status, error, started)
-
+            record = partial(self._log_call, epoch, seq, request, path, True, started=started)
             await answer_side(
                 send, request, scope, body, side=side_upstream,
                 side_answer=self.config.side_answer, own_token=token, record=record,

@@ -5,7 +5,9 @@ bytes) and returns a :class:`ModelRequest`: the wire facts the answer needs (api
 model, stream, tool names as the wire spells them) and the observation the policy sees
 (:meth:`ModelRequest.observation`, and its JSON text :meth:`ModelRequest.observation_text`),
 whose ``messages`` and ``tools`` are those of
-:func:`gym_harness.records.chat_format.exchange_messages` and ``exchange_tools``.
+:func:`gym_harness.records.chat_format.exchange_messages` and ``exchange_tools``, and whose
+``extends`` and ``new_from`` say whether the call goes on from the episode's previous main
+call and where its new messages start (:mod:`gym_harness.model._link`).
 Responses tool names are made flat first (see :mod:`gym_harness.model._shapes`).
 
 :class:`RequestReader` reads an episode's calls one after another: each from what the
@@ -61,6 +63,12 @@ class ModelRequest:
         wire_tools: Flat tool name (as in ``tools``) -> how the wire spells it.
         body: The request body as parsed (the answer reads a few fields of it).
         size: The body's length in bytes (the answer's estimate of input tokens).
+        extends: The conversation is the episode's previous main call's, then the answer
+            the env delivered for it, then new messages only (see
+            :mod:`gym_harness.model._link`); false on the first call and wherever the
+            harness rewrote its history. The endpoint sets it.
+        new_from: The index in ``messages`` where the messages new since that answer
+            start (0 when ``extends`` is false).
     """
 
     request_id: str
@@ -74,6 +82,8 @@ class ModelRequest:
     wire_tools: dict[str, WireTool] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict, repr=False)
     size: int = 0
+    extends: bool = False
+    new_from: int = 0
     #: The JSON text of each message and of the tools, when the reader kept them.
     pieces: tuple[list[str], str] | None = field(default=None, repr=False, compare=False)
 
@@ -92,6 +102,8 @@ class ModelRequest:
             "tools": self.tools,
             "sampling": self.sampling,
             "stream": self.stream,
+            "extends": self.extends,
+            "new_from": self.new_from,
         }
 
     def observation_text(self) -> str:
@@ -104,7 +116,8 @@ class ModelRequest:
             f'{{"request_id": {dumps(self.request_id)}, "api": {dumps(self.api)}, '
             f'"model": {dumps(self.model)}, "messages": [{", ".join(texts)}], '
             f'"tools": {tools_text}, "sampling": {dumps(self.sampling)}, '
-            f'"stream": {dumps(self.stream)}}}'
+            f'"stream": {dumps(self.stream)}, "extends": {dumps(self.extends)}, '
+            f'"new_from": {self.new_from}}}'
         )
 
 

@@ -142,8 +142,11 @@ class Recorder:
         result: TurnResult,
         started_at: float,
         elapsed: float,
+        truncated: bool = False,
     ) -> TurnRecord:
         """Record the turn in ``episode``'s trajectory, then score it; return its record.
+
+        ``truncated``: a limit outside the turn cut it (``HarnessEnv.truncate()``).
 
         Raises:
             ResetNeeded: The env was closed during the turn (nothing is recorded).
@@ -151,7 +154,10 @@ class Recorder:
         self.check_open(turn)
         if episode.proxy is not None:  # a call still waiting upstream is cut into the turn
             result = episode.proxy.close_turn(result)
-        record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
+        terminated, cut = end_flags(result)
+        record = TurnRecord.of_turn(
+            turn, message, result, started_at, elapsed, terminated, cut or truncated
+        )
         episode.trajectory.turns.append(record)
         reward_fn = self.reward_fn()
         if reward_fn is not None and result.error_type != Outcome.INVALID_ACTION:

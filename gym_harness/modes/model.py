@@ -364,6 +364,8 @@ class ModelMode(Mode):
                 "tools": [],
                 "sampling": {},
                 "stream": False,
+                "extends": False,
+                "new_from": 0,
             },
             ensure_ascii=False,
         )

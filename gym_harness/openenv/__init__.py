@@ -33,7 +33,7 @@ if _found != OPENENV_VERSION:
         f"gym_harness.openenv is written for openenv {OPENENV_VERSION}, found {_found}: {_INSTALL}"
     )
 
-from gym_harness.openenv.adapter import ModelModeAdapter  # noqa: E402
+from gym_harness.openenv.adapter import BadModelStep, ModelModeAdapter  # noqa: E402
 from gym_harness.openenv.session import (  # noqa: E402
     EnvSession,
     HarnessSessionFactory,
@@ -43,6 +43,7 @@ from gym_harness.openenv.session import (  # noqa: E402
 
 __all__ = [
     "OPENENV_VERSION",
+    "BadModelStep",
     "EnvSession",
     "HarnessSessionFactory",
     "ModelModeAdapter",

@@ -79,6 +79,8 @@ class Completion:
         usage: The policy's token counts, kept for training.
         prompt_token_ids: The engine's own ids of the prompt it sampled from, kept for
             training (never sent; nothing re-tokenises the messages).
+        policy_version: Which weights sampled this answer (an int or a str the trainer
+            chose), kept for training (never sent); ``None`` when the action gave none.
     """
 
     content: str = ""
@@ -88,6 +90,7 @@ class Completion:
     logprobs: tuple[Any, ...] | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     prompt_token_ids: tuple[int, ...] | None = None
+    policy_version: int | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the record of a call keeps this)."""
@@ -206,11 +209,17 @@ class ModelCall:
         """The policy's token counts, when the action carried them."""
         return dict(self.completion.usage) if self.completion else {}
 
+    @property
+    def policy_version(self) -> int | str | None:
+        """Which weights sampled this completion, when the action said so."""
+        return self.completion.policy_version if self.completion else None
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage`` sit at the top level."""
+        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage``/``policy_version`` sit at
+        the top level."""
         completion = self.completion.to_dict() if self.completion else None
         if completion is not None:
-            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids"):
+            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids", "policy_version"):
                 completion.pop(key, None)
         return {
             "seq": self.seq,
@@ -224,6 +233,7 @@ class ModelCall:
             "logprobs": self.logprobs,
             "prompt_token_ids": self.prompt_token_ids,
             "usage": self.usage,
+            "policy_version": self.policy_version,
             "status": self.status,
             "error": self.error,
             "started": self.started,

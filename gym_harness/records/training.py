@@ -1,13 +1,16 @@
-"""The training trace of an episode: the engine's own token ids per main model call.
+"""The training trace of an episode: the engine's own token ids per main model call, and
+the calls merged into token chains.
 
 A trace is a plain dict in the shape of OpenEnv's ``TrainingTrace`` (``schema_version``
-and ``turns``), with two keys of ours beside it::
+and ``turns``), with keys of ours beside it::
 
     {"schema_version": 1,
      "turns": [{"node_id", "prompt_token_ids", "completion_token_ids", "per_token_logps",
                 "loss_mask", "request", "response", "metadata"}, ...],
      "token_level": bool,          # every main call carried the engine's ids
-     "text_level_calls": [{"node_id", "side", "why"}, ...]}
+     "text_level_calls": [{"node_id", "side", "why"}, ...],
+     "chains": [{"node_ids", "prompt_token_ids", "completion_token_ids", "mask",
+                 "logprobs", "policy_versions", "break"}, ...]}
 
 Where the ids come from:
 
@@ -27,7 +30,37 @@ completion. Side calls (titles, summaries: the harness's own bookkeeping) are ne
 trainable: one that carries the engine's ids is kept with a mask of zeros (context and
 usage accounting, as OpenEnv keeps zero-masked turns); one that carries none is left
 out (listed in ``text_level_calls`` with ``side: True``; it does not make the trace
-text-level).
+text-level). Each entry's ``metadata`` has the call's ``policy_version`` (``None`` when
+the action gave none, and in capture mode).
+
+**Chains.** One row per call scores call k's tokens after call k's prompt only; a
+trainer wants one row per episode in which every sampled token is scored in the context
+it was sampled in. A token-level policy builds call k+1's prompt ids as call k's prompt
+ids, its completion ids, and the ids of what is new (the observation's ``extends`` and
+``new_from`` say what that is). The main calls then form a *chain*: with ``p_k`` and
+``c_k`` call k's prompt and completion ids, ``p_{k+1}`` begins with
+``p_1 ‖ c_1 ‖ d_1 ‖ … ‖ c_k`` token for token, and ``d_k`` (the ids the environment
+inserted: tool results, the next user message, the chat template's turn markers) is the
+rest of ``p_{k+1}``: read from the ids the policy reported, never re-tokenised. Each
+chain is::
+
+    node_ids              the calls in it, in order (the ``node_id`` of ``turns``)
+    prompt_token_ids      p_1, its first call's prompt
+    completion_token_ids  c_1 ‖ d_1 ‖ c_2 ‖ … ‖ c_n
+    mask                  1 on every c_k token, 0 on every d_k token (TRL's env_mask)
+    logprobs              the sampled logprobs, aligned; 0.0 where the mask is 0
+    policy_versions       [start, end, version] per call: c_k's span of
+                          completion_token_ids, and the version its action gave (or None)
+    break                 "" for the episode's last chain, else why it ended
+
+A chain ends where the next main call's prompt ids do not begin with the chain's prompt
+and completion so far (the harness rewrote its history, or the policy re-rendered the
+conversation), and before a main call that is text-level: one without usable ids, or
+one whose answer never reached the harness (past ``policy_timeout_s``: its record has
+no completion, so it is in no chain). The next token-level call starts a new chain. A
+side call is in no chain and never ends one. An episode whose calls all chained has one
+chain; a trainer that wants one row per episode trains a chain and says what it did
+with the others.
 """
 
 from __future__ import annotations
@@ -73,51 +106,62 @@ def training_trace(
     side_of = is_side or _names_side_model
     turns: list[dict[str, Any]] = []
     text_level: list[dict[str, Any]] = []
+    chains = _Chains()
     for call in calls:
         node = f"call-{call.get('request_id') or len(turns) + len(text_level)}"
         observation = {"messages": call.get("messages"), "tools": call.get("tools")}
         ids, why = _model_ids(call)
+        side, version = bool(call.get("side")), call.get("policy_version")
+        meta = {"source": "model", "episode_id": episode_id, "policy_version": version}
         _add(
             turns,
             text_level,
             node,
-            bool(call.get("side")),
+            side,
             ids,
             why,
             observation,
             dict(call.get("completion") or {}),
-            {"source": "model", "episode_id": episode_id},
+            meta,
         )
+        if not side:
+            chains.add(node, ids, why, version, call.get("extends"))
     for exchange in exchange_records(events):
         node = f"exchange-{exchange.get('seq')}"
         ids, why = _captured_ids(exchange)
         response = {k: exchange.get(k) for k in ("text", "tool_calls", "stop_reason", "usage")}
         request = exchange.get("request")
         meta = {"source": "capture", "episode_id": episode_id, "path": exchange.get("path")}
+        side = bool(side_of(exchange))
         _add(
             turns,
             text_level,
             node,
-            bool(side_of(exchange)),
+            side,
             ids,
             why,
             request if isinstance(request, dict) else {},
             response,
-            meta,
+            {**meta, "policy_version": None},
         )
+        if not side:
+            chains.add(node, ids, why, None, None)
     main_text = [c for c in text_level if not c["side"]]
     return {
         "schema_version": SCHEMA_VERSION,
         "turns": turns,
         "token_level": bool(turns) and not main_text and any(t["loss_mask"] for t in turns),
         "text_level_calls": text_level,
+        "chains": chains.done(),
     }
 
 
 def record_trace(
     record: Mapping[str, Any], *, is_side: SidePredicate | None = None
 ) -> dict[str, Any]:
-    """The training trace of a rollout record (a line ``gym-harness rollout`` wrote)."""
+    """The training trace of a rollout record (a line ``gym-harness rollout`` wrote), chains
+    included (a record written before calls carried ``extends`` reads the same: the chains
+    follow from the ids alone)."""
     events = [*record.get("startup_events", ())]
     for turn in record.get("turns", ()):
         events.extend(turn.get("events", ()))
@@ -213,6 +257,103 @@ def _checked(prompt: Any, completion: Any, logprobs: Any, source: str) -> tuple[
     if len(logps) != len(completion):
         return None, f"{source} carries {len(logps)} logprobs for {len(completion)} token ids"
     return (list(prompt), list(completion), [float(lp) for lp in logps if lp is not None]), ""
+
+
+# -- chains ---------------------------------------------------------------------------------
+
+
+_REWROTE = " (the harness rewrote its history: its request did not extend the call before)"
+
+
+class _Chains:
+    """The main calls of one episode merged into token chains (module docstring), call by call."""
+
+    def __init__(self) -> None:
+        self.chains: list[dict[str, Any]] = []
+        self.current: dict[str, Any] | None = None
+
+    def add(self, node: str, ids: Ids | None, why: str, version: Any, extends: Any) -> None:
+        """One main call: ``ids`` as :func:`_checked` gives them (``None``: text-level, and
+        ``why``), ``version`` its policy version, ``extends`` its observation's (model mode)."""
+        chain = self.current
+        if ids is None:
+            if chain is not None:
+                self.end(f"{node} is text-level: {why}")
+            return
+        prompt, completion, logprobs = ids
+        if chain is not None:
+            broke = _follows(chain, prompt)
+            if not broke:
+                inserted = prompt[len(chain["prompt_token_ids"]) + len(chain["mask"]) :]
+                _append(chain, node, inserted, completion, logprobs, version)
+                return
+            if extends is False:
+                broke += _REWROTE
+            self.end(f"{node}'s {broke}")
+        self.current = {
+            "node_ids": [],
+            "prompt_token_ids": list(prompt),
+            "completion_token_ids": [],
+            "mask": [],
+            "logprobs": [],
+            "policy_versions": [],
+            "break": "",
+        }
+        _append(self.current, node, [], completion, logprobs, version)
+
+    def end(self, why: str) -> None:
+        """End the chain under way (if any) for ``why``."""
+        if self.current is not None:
+            self.current["break"] = why
+            self.chains.append(self.current)
+            self.current = None
+
+    def done(self) -> list[dict[str, Any]]:
+        """Every chain, the last one with no ``break``."""
+        if self.current is not None:
+            self.chains.append(self.current)
+            self.current = None
+        return self.chains
+
+
+def _follows(chain: Mapping[str, Any], prompt: Sequence[int]) -> str:
+    """``""`` when ``prompt`` begins with the chain's prompt and completion so far, else how
+    it does not."""
+    head, tail = chain["prompt_token_ids"], chain["completion_token_ids"]
+    size = len(head) + len(tail)
+    if prompt[: len(head)] == head and prompt[len(head) : size] == tail:
+        return ""
+    so_far = [*head, *tail]
+    at = next((i for i, (a, b) in enumerate(zip(prompt, so_far, strict=False)) if a != b), None)
+    if at is None:
+        return (
+            f"prompt_token_ids hold {len(prompt)} ids, fewer than the chain's "
+            f"{size} so far: they are no extension of it"
+        )
+    return (
+        f"prompt_token_ids differ from the chain's prompt and completion so far at token "
+        f"{at} of {size}: they are no extension of it"
+    )
+
+
+def _append(
+    chain: dict[str, Any],
+    node: str,
+    inserted: Sequence[int],
+    completion: Sequence[int],
+    logprobs: Sequence[float],
+    version: Any,
+) -> None:
+    """Add ``inserted`` (mask 0) and then one call's ``completion`` (mask 1) to ``chain``."""
+    chain["node_ids"].append(node)
+    chain["completion_token_ids"].extend(inserted)
+    chain["mask"].extend([0] * len(inserted))
+    chain["logprobs"].extend([0.0] * len(inserted))
+    start = len(chain["completion_token_ids"])
+    chain["completion_token_ids"].extend(completion)
+    chain["mask"].extend([1] * len(completion))
+    chain["logprobs"].extend(logprobs)
+    chain["policy_versions"].append([start, start + len(completion), version])
 
 
 def _ids(values: Sequence[Any]) -> bool:

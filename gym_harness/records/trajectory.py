@@ -68,10 +68,15 @@ class RewardContext:
         turn: The turn number, from 1.
         error_type: ``""`` or the outcome name of a failed turn.
         terminated: The turn ends the episode (done, or a fault).
-        truncated: The turn was cut short (a timeout).
+        truncated: The turn was cut short: by a timeout, or by a step limit
+            (``HarnessEnv.truncate``: gymnasium's ``TimeLimit``, a rollout's or a
+            trainer's step budget). A cut episode is scored like any other.
         task: The episode's task as a dict, or ``None``.
         hidden_dir: The directory holding the task's ``hidden_files`` (outside the
             workspace; a confined harness cannot read it), or ``None``.
+        cause: Why the episode was cut: the timeout's outcome (``"turn_timeout"``,
+            ``"idle_timeout"``, ``"episode_timeout"``, ``"policy_timeout"``) or
+            ``"max_steps"`` for a step limit; ``""`` when it was not cut.
     """
 
     message: str
@@ -84,6 +89,7 @@ class RewardContext:
     truncated: bool
     task: Mapping[str, Any] | None = None
     hidden_dir: Path | None = None
+    cause: str = ""
 
 
 class RewardFn(Protocol):
@@ -154,6 +160,7 @@ class TurnRecord:
             truncated=self.truncated,
             task=task,
             hidden_dir=hidden_dir,
+            cause=(self.error_type or "max_steps") if self.truncated else "",
         )
 
     def scored(self, reward: float, outcome: Outcome, why: str) -> TurnRecord:
@@ -425,8 +432,10 @@ def event_line(event: HarnessEvent) -> str | None:
 
 def call_record(call: ModelCall) -> dict[str, Any]:
     """One model call as a rollout record's ``calls`` entry: what the policy saw (messages,
-    tools), what it answered (``completion``: content, tool calls, stop reason), and the
-    ``token_ids``/``logprobs``/``prompt_token_ids``/``usage`` its action carried."""
+    tools, whether the request ``extends`` the previous call and where its new messages
+    start), what it answered (``completion``: content, tool calls, stop reason), and the
+    ``token_ids``/``logprobs``/``prompt_token_ids``/``usage``/``policy_version`` its action
+    carried."""
     seen = call.observation or {}
     completion = call.to_dict()["completion"]
     return {
@@ -436,11 +445,14 @@ def call_record(call: ModelCall) -> dict[str, Any]:
         "messages": seen.get("messages"),
         "tools": seen.get("tools"),
         "sampling": seen.get("sampling"),
+        "extends": bool(seen.get("extends")),
+        "new_from": int(seen.get("new_from") or 0),
         "completion": completion,
         "token_ids": call.token_ids,
         "logprobs": call.logprobs,
         "prompt_token_ids": call.prompt_token_ids,
         "usage": call.usage,
+        "policy_version": call.policy_version,
         "error": call.error,
         "retries": call.retries,
         "truncated": call.truncated,

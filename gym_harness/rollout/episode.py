@@ -73,11 +73,13 @@ def run_episode(
         follow_up: The message of every turn after the first.
         policy: Model mode: ``policy(request: dict) -> str | dict`` (a dict is sent as
             its JSON text), or its import string ``"pkg.module:fn"``.
-        max_steps: Model mode: at most this many steps (model calls answered).
+        max_steps: Model mode: at most this many steps (model calls answered); the
+            episode is then cut and scored as truncated (``ctx.cause == "max_steps"``).
 
     Returns:
         The rollout record (``Trajectory.to_record()``). ``outcome`` is
-        ``"max_turns"`` when the rollout, not the harness, ended the episode.
+        ``"max_turns"`` when the rollout, not the harness, ended the episode after
+        ``max_turns``; ``"truncated"`` when ``max_steps`` cut it (scored).
 
     Raises:
         ConfigError: ``policy`` cannot be imported or is not callable.
@@ -133,8 +135,10 @@ def policy_action(policy: Policy, obs: str) -> str:
 
 
 def answer_calls(env: gymnasium.Env[str, str], obs: str, policy: Policy, max_steps: int) -> None:
-    """Model mode: answer each model call with ``policy`` until the episode ends."""
+    """Model mode: answer each model call with ``policy`` until the episode ends; after
+    ``max_steps`` the episode is cut and scored as truncated (``HarnessEnv.truncate``)."""
     for _ in range(max_steps):
         obs, _, terminated, truncated, _ = env.step(policy_action(policy, obs))
         if terminated or truncated:
             return
+    HarnessEnv.of(env).truncate()

@@ -32,7 +32,7 @@ from gym_harness import HarnessEnv
 from gym_harness.config import HarnessConfig
 from gym_harness.harnesses.base import EpisodeContext, Launch
 from gym_harness.harnesses.codex import CodexHarness, CodexSession, native_codex
-from gym_harness.harnesses.codex_config import _NATIVE
+from gym_harness.harnesses.codex_config import _NATIVE, POLICY_MODEL
 from gym_harness.records.events import EventType
 
 # ---------------------------------------------------------------- offline
@@ -69,6 +69,20 @@ def test_known_model_gets_no_catalog(tmp_path: Path) -> None:
     config = CodexHarness(model="gpt-5.5").launch(make_ctx(tmp_path), HarnessConfig()).config
     doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
     assert "model_catalog_json" not in doc
+
+
+@pytest.mark.parametrize("model", [None, "gpt-5.5", "gpt-6.2-sol"])
+def test_model_mode_names_a_catalog_model_whatever_the_name(
+    tmp_path: Path, model: str | None
+) -> None:
+    """In model mode the env is the model: the catalog entry offers the env tools as
+    functions (Codex's default model would hide them inside its ``exec`` tool)."""
+    ctx = make_ctx(tmp_path, model_base_url="http://127.0.0.1:7", policy_timeout_s=30.0)
+    config = CodexHarness(model=model).launch(ctx, HarnessConfig()).config
+    doc = tomllib.loads((Path(config.env["CODEX_HOME"]) / "config.toml").read_text())
+    assert doc["model"] == (model or POLICY_MODEL)
+    (entry,) = json.loads(Path(doc["model_catalog_json"]).read_text())["models"]
+    assert entry["slug"] == doc["model"] and entry["supports_search_tool"] is False
 
 
 def test_capture_proxy_replaces_provider(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ Needs the extra (``gym_harness[openenv]``): the module is skipped without it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -116,16 +117,19 @@ def rollout(
 
 
 def assert_rows(out: dict[str, list[Any]], policies: list[Policy], prompts: int) -> None:
-    """Each prompt's row holds exactly the ids its model_step produced, in order."""
+    """Each prompt's row is one model call as its model_step produced it, in context: the
+    episode's last call (its prompt ids, then the ids sampled after them), never a
+    concatenation of calls (prompt p1‖p2, completion c1‖c2: c1 scored after p2)."""
     assert len(policies) == prompts
     for key in ("prompt_ids", "completion_ids", "logprobs", "env_reward"):
         assert len(out[key]) == prompts, key
     for i, policy in enumerate(policies):
         assert len(policy.produced) == 2  # the tool call, then the answer
-        assert out["prompt_ids"][i] == [t for p, _, _ in policy.produced for t in p]
-        assert out["completion_ids"][i] == [t for _, c, _ in policy.produced for t in c]
-        assert out["logprobs"][i] == [lp for _, _, ls in policy.produced for lp in ls]
-        assert len(out["completion_ids"][i]) == len(out["logprobs"][i])
+        prompt, completion, logprobs = policy.produced[-1]
+        assert out["prompt_ids"][i] == prompt
+        assert out["completion_ids"][i] == completion
+        assert out["logprobs"][i] == logprobs
+        assert out["verify_metrics"][i]["token_level"] is True
     assert out["env_reward"] == [0.75] * prompts
 
 
@@ -155,8 +159,9 @@ def test_an_env_id_works_too_and_limits_are_kept() -> None:
         assert len(policy.seen) == 1 and policy.seen[0][2]["temperature"] == 0.5
         assert result.metrics["turns"] == 1 and not result.done
         assert result.completion_ids == policy.produced[0][1]
-        # No turn ended, so nothing was scored: unscored is None, never 0.0.
-        assert session.verify(result.messages).env_reward is None
+        # Cut mid-turn by max_turns: scored as truncated by reward_fn (no sum given: 0.25).
+        verified = session.verify(result.messages)
+        assert verified.env_reward == 0.25 and verified.metrics["outcome"] == "truncated"
     finally:
         session.close()
     session = factory.create({"id": "t", "prompt": "add 20 and 22"})
@@ -258,6 +263,20 @@ def test_a_harness_that_fails_to_start_is_an_outcome_with_its_reward() -> None:
 def test_bad_configuration_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match="env id"):
         HarnessSessionFactory(42)  # type: ignore[arg-type]
+    # An adapter on a turn-mode factory fails when it is made, saying the fix (TRL's
+    # worker would otherwise score every rollout unscorable), as does a factory it can
+    # call (the callable TRL's harness worker takes).
+    turns = functools.partial(HarnessSessionFactory, "gym_harness/Reference-v0")
+    for factory in (turns(), turns):
+        with pytest.raises(ConfigError, match="mode='model'"):
+            ModelModeAdapter(factory)
+    ModelModeAdapter(functools.partial(turns, mode="model"))
+    with pytest.raises(ConfigError, match="multi_call"):
+        ModelModeAdapter(multi_call="all")
+    # sampling (what TRL's black-box worker passes) needs capture in turn mode.
+    with pytest.raises(ConfigError, match="capture=True"):
+        turns(sampling={"temperature": 1.0})
+    assert turns(mode="model", sampling={"temperature": 0.7}).sampling == {"temperature": 0.7}
     with pytest.raises(ConfigError, match="HarnessSessionFactory"):
         HarnessSessionFactory("gym_harness/NoSuch-v0")
     with pytest.raises(ConfigError, match="HarnessSessionFactory"):
@@ -270,8 +289,6 @@ def test_session_mode_mismatches_are_config_errors() -> None:
     try:
         with pytest.raises(ConfigError, match="mode='model'"):
             ModelModeAdapter().run_white_box(Policy(), session)
-        with pytest.raises(ConfigError, match="turn_timeout_s"):
-            session.wait_for_completion(timeout_s=0.5)
         with pytest.raises(ConfigError, match="a task is a dict"):
             HarnessSessionFactory({"harness": "reference"}).create(3)
     finally:

@@ -1,8 +1,6 @@
-"""The runnable example of the README's "Training with TRL" runs, up to TRL's trainer.
-
-``examples/trl_grpo.py --dry-run`` builds the ``rollout_func`` with OpenEnv's own
-``build_harness_rollout_func`` and calls it as TRL does, on the Reference agent in model
-mode with a scripted policy; the trainer itself (torch, a model, a vLLM server) is not run.
+"""The runnable example of the TRL docs runs: ``examples/trl_grpo.py --tiny`` trains two
+GRPO steps on CPU through ``gym_harness.training.trl.rollout_func``, with the tiny model
+the script builds (nothing downloaded), on the Reference agent in model mode.
 """
 
 from __future__ import annotations
@@ -14,25 +12,23 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core.harness")
+pytest.importorskip(
+    "trl", reason="needs trl, torch and transformers: pip install 'gym_harness[train]'"
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 
 
-@pytest.mark.timeout(300)
-def test_the_trl_example_runs_up_to_the_trainer() -> None:
+@pytest.mark.timeout(900)
+def test_the_trl_example_trains_two_steps_on_cpu(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--dry-run"],
+        [sys.executable, str(EXAMPLE), "--tiny", "--output-dir", str(tmp_path / "out")],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=880,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    rows = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(rows) == 2
-    for row in rows:  # two model steps each: the tool call, then the answer
-        assert row["prompt_ids"] == [1, 2, 3, 4, 8, 9, 10, 11]
-        assert row["completion_ids"] == [5, 6, 7, 12, 13, 14]
-        assert row["logprobs"] == [-0.5] * 6
-        assert row["env_reward"] == 1.0
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()  # the example's JSON lines, beside TRL's own log lines
+    logged = [json.loads(line) for line in lines if line.startswith('{"')]
+    assert [entry["step"] for entry in logged if "loss" in entry] == [1, 2]

@@ -253,7 +253,11 @@ def test_local_rollout_in_model_mode_answers_calls_with_the_policy() -> None:
     keep_adding = lambda request: add_then_answer({"messages": [{"role": "user"}]})  # noqa: E731
     model_rollout(out, keep_adding, max_steps=3)
     record = json.loads(out.getvalue())
-    assert record["outcome"] == "max_turns" and len(record["calls"]) == 3
+    # The cut episode is scored: its turn so far, truncated, by the demo's reward_fn.
+    assert record["outcome"] == "truncated" and record["turns"][-1]["truncated"] is True
+    assert record["reward"] == 0.0 and len(record["turns"]) == 1
+    answered = [c for c in record["calls"] if c["completion"] is not None]
+    assert len(answered) == 3 and len(record["calls"]) == 4  # and the one left unanswered
 
     with pytest.raises(TypeError, match="policy must return a str or a dict"):
         model_rollout(io.StringIO(), not_an_action)

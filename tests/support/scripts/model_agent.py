@@ -12,6 +12,8 @@ answer ends the turn. Words in the user message ask for more:
     "stall"  after the first answer, go silent forever (a harness stuck after the answer)
     "retry"  on an API error, send the same call again (up to 5 times, 0.1 s apart), then
              end the turn as if done, saying so (as Gemini CLI does after its retries)
+    "compact" once a tool result is in, send the first user message rewritten as a summary
+             (a history the harness compacted between two calls)
 
 With ``--ask-at-start`` it makes one main call before it says ``ready``; when that call
 fails, every turn ends at once, as if done, with the status as its reply.
@@ -91,6 +93,8 @@ class Agent:
         self.messages.append({"role": "user", "content": content})
         body = {"model": "main", "messages": self.messages, "tools": self.tool_functions()}
         while True:
+            if "compact" in content and any(m["role"] == "tool" for m in self.messages):
+                self.messages[0] = {"role": "user", "content": "summary: " + content}
             message = self.complete(body, retries=5 if "retry" in content else 0)
             if message is None:
                 emit({"type": "turn_complete", "response": "the model failed", "done": False})
