@@ -25,7 +25,9 @@ from support import MODEL_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness import HarnessEnv
-from gym_harness.model.action import InvalidAction, parse_action
+from gym_harness.model._link import link
+from gym_harness.model.action import Completion, InvalidAction, ToolCall, parse_action
+from gym_harness.model.request import ModelRequest, read_request
 from gym_harness.outcome import Outcome
 from gym_harness.traces import record_trace, training_trace
 
@@ -296,3 +298,92 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
             sampled.update(range(start, end))
         assert [i for i, m in enumerate(mask) if m] == sorted(sampled)
         assert len(chain["node_ids"]) >= 1
+
+
+# -- extends: the echo of an answer, in each wire API ----------------------------------------------
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+ANSWER = Completion(content="let me add", tool_calls=(ToolCall("call_1", "add", {"a": 1, "b": 2}),))
+
+
+def chat(*messages: dict[str, Any], tools: list[dict[str, Any]] | None = None) -> ModelRequest:
+    body = {"model": "m", "messages": list(messages), "tools": [ADD] if tools is None else tools}
+    request = read_request("/v1/chat/completions", json.dumps(body).encode())
+    assert request is not None
+    return request
+
+
+USER = {"role": "user", "content": "add 1 and 2"}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+
+
+def echo(content: str = "let me add", arguments: str = '{"b": 2, "a": 1}', name: str = "add",
+         call_id: str = "other_id") -> dict[str, Any]:  # fmt: skip
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, "tool_calls": [call]}
+
+
+@pytest.mark.parametrize(
+    ("after", "extends"),
+    [
+        (chat(USER, echo(), RESULT), (True, 2)),
+        (chat(USER, echo(content=" let  me\nadd "), RESULT), (True, 2)),  # whitespace
+        (chat(USER, echo(arguments='{"a":1,"b":2}', call_id="call_1"), RESULT), (True, 2)),
+        (chat(USER, echo(content="let me subtract"), RESULT), (False, 0)),
+        (chat(USER, echo(arguments='{"a": 1, "b": 3}'), RESULT), (False, 0)),
+        (chat(USER, echo(name="sub"), RESULT), (False, 0)),
+        (chat(USER, echo(), RESULT, tools=[ADD, ADD]), (False, 0)),  # the tools changed
+        (chat({"role": "user", "content": "add 1 and 2!"}, echo(), RESULT), (False, 0)),
+        (chat({"role": "system", "content": "be brief"}, USER, echo(), RESULT), (False, 0)),
+        (chat(USER, echo()), (False, 0)),  # nothing new after the answer
+        (chat(USER, RESULT), (False, 0)),  # the answer left out
+    ],
+)
+def test_a_request_extends_the_last_call_when_its_echo_means_the_answer(
+    after: ModelRequest, extends: tuple[bool, int]
+) -> None:
+    assert link(after, chat(USER), ANSWER) == extends
+
+
+def test_an_empty_answer_may_be_left_out_of_the_history() -> None:
+    more = {"role": "user", "content": "go on"}
+    assert link(chat(USER, more), chat(USER), Completion()) == (True, 1)
+    assert link(chat(USER, {"role": "assistant", "content": ""}, more), chat(USER),
+                Completion()) == (True, 2)  # fmt: skip
+
+
+def test_each_wire_api_echoes_the_answer_in_its_own_shape() -> None:
+    def read(path: str, body: dict[str, Any]) -> ModelRequest:
+        request = read_request(path, json.dumps(body).encode())
+        assert request is not None
+        return request
+
+    add = {"name": "add", "input_schema": {"type": "object"}}
+    first = {"model": "m", "system": "be brief", "tools": [add], "messages": [
+        {"role": "user", "content": "add 1 and 2"}]}  # fmt: skip
+    then = {**first, "messages": [*first["messages"],
+        {"role": "assistant", "content": [{"type": "text", "text": "let me add"},
+            {"type": "tool_use", "id": "toolu_9", "name": "add", "input": {"a": 1, "b": 2}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "3"}]}]}  # fmt: skip
+    assert link(read("/v1/messages", then), read("/v1/messages", first), ANSWER) == (True, 3)
+
+    gemini = "/v1beta/models/m:generateContent"
+    tools = [{"functionDeclarations": [{"name": "add", "parameters": {"type": "object"}}]}]
+    first = {"tools": tools, "contents": [{"role": "user", "parts": [{"text": "add 1 and 2"}]}]}
+    then = {**first, "contents": [*first["contents"],
+        {"role": "model", "parts": [{"text": "let me add"},
+                                    {"functionCall": {"name": "add", "args": {"a": 1, "b": 2}}}]},
+        {"role": "user", "parts": [
+            {"functionResponse": {"name": "add", "response": {"output": "3"}}}]}]}  # fmt: skip
+    assert link(read(gemini, then), read(gemini, first), ANSWER) == (True, 2)
+
+    tools = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
+    first = {"model": "m", "instructions": "be brief", "tools": tools,
+             "input": [{"type": "message", "role": "user", "content": "add 1 and 2"}]}  # fmt: skip
+    then = {**first, "input": [*first["input"],
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "let me add"}]},
+        {"type": "function_call", "call_id": "c9", "name": "add", "arguments": '{"a":1,"b":2}'},
+        {"type": "function_call_output", "call_id": "c9", "output": "3"}]}  # fmt: skip
+    assert link(read("/v1/responses", then), read("/v1/responses", first), ANSWER) == (True, 3)
