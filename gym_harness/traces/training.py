@@ -51,7 +51,8 @@ chain is::
     logprobs              the sampled logprobs, aligned; 0.0 where the mask is 0
     policy_versions       [start, end, version] per call: c_k's span of
                           completion_token_ids, and the version its action gave (or None)
-    break                 "" for the episode's last chain, else why it ended
+    break                 "" when its last call is the episode's last main call, else
+                          the main call after it that did not join it, and why
 
 A chain ends where the next main call's prompt ids do not begin with the chain's prompt
 and completion so far (the harness rewrote its history, or the policy re-rendered the
@@ -309,7 +310,7 @@ class _Chains:
             self.current = None
 
     def done(self) -> list[dict[str, Any]]:
-        """Every chain, the last one with no ``break``."""
+        """Every chain (the one under way ran to the episode's end: no ``break``)."""
         if self.current is not None:
             self.chains.append(self.current)
             self.current = None
