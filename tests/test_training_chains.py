@@ -208,9 +208,11 @@ def test_an_answer_past_the_policy_timeout_is_in_no_chain_and_ends_the_one_befor
     late = f"call-{second['request_id']}"
     (chain,) = trace["chains"]
     assert (chain["completion_token_ids"], chain["policy_versions"]) == ([11, 12], [[0, 2, 1]])
-    assert chain["break"].startswith(f"{late} is text-level: the call ended without an answer")
+    assert chain["break"] == ""  # no call after it failed to join it
     assert [t["completion_token_ids"] for t in trace["turns"]] == [[11, 12]]  # 21, 22: nowhere
     assert all(c.policy_version != 2 for c in trajectory.calls)
+    lost = [c for c in trace["text_level_calls"] if c["node_id"] == late]
+    assert lost and lost[0]["why"].startswith("the call ended without an answer: the policy did")
 
 
 def until_timed_out(env: Any) -> None:
@@ -244,7 +246,7 @@ def test_a_policy_version_must_be_an_int_or_a_short_string(version: str, why: st
 
 # One main call of a generated episode: how its prompt relates to the chain so far.
 STEP = st.tuples(
-    st.sampled_from(["follow", "follow", "fresh", "text", "side"]),
+    st.sampled_from(["follow", "follow", "fresh", "text", "lost", "side"]),
     st.lists(st.integers(0, 50), min_size=1, max_size=4),  # completion ids
     st.lists(st.integers(0, 50), max_size=3),  # inserted ids (or a fresh prompt's)
 )
@@ -259,8 +261,8 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
     for index, (kind, completion, extra) in enumerate(steps):
         call: dict[str, Any] = {"request_id": str(index), "side": kind == "side",
                                 "completion": {"content": ""}, "policy_version": index}  # fmt: skip
-        if kind == "text":
-            calls.append(call)  # no ids: text-level
+        if kind in ("text", "lost"):  # no ids: answered text-level, or never answered
+            calls.append({**call, "completion": None} if kind == "lost" else call)
             continue
         prompt = ids + extra if kind == "follow" and ids is not None else [99, *extra]
         logprobs = [-(i + 1) / 4 for i in range(len(completion))]
@@ -274,7 +276,7 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
         f"call-{c['request_id']}" for c in token_level
     ]
     assert all(chain["break"] for chain in chains[:-1])
-    # The last chain ends with the episode, or before a text-level main call after it.
+    # The last chain ends with the episode, or before an answered text-level main call.
     last = max(
         (i for i, (kind, _, _) in enumerate(steps) if kind in ("follow", "fresh")), default=-1
     )
