@@ -389,3 +389,47 @@ def test_each_wire_api_echoes_the_answer_in_its_own_shape() -> None:
         {"type": "function_call", "call_id": "c9", "name": "add", "arguments": '{"a":1,"b":2}'},
         {"type": "function_call_output", "call_id": "c9", "output": "3"}]}  # fmt: skip
     assert link(read("/v1/responses", then), read("/v1/responses", first), ANSWER) == (True, 3)
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+ARGUMENTS = st.dictionaries(st.text(max_size=4), st.integers() | TEXT, max_size=3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "system"]), TEXT), min_size=1, max_size=4),
+    TEXT,
+    st.lists(ARGUMENTS, max_size=3),
+    st.integers(0, 2),
+    st.booleans(),
+)
+def test_a_history_kept_as_the_policy_left_it_extends_whatever_its_formatting(
+    before: list[tuple[str, str]],
+    content: str,
+    arguments: list[dict[str, Any]],
+    spaces: int,
+    compact: bool,
+) -> None:
+    messages = [{"role": role, "content": text} for role, text in before]
+    calls = tuple(ToolCall(f"call_{i}", "add", args) for i, args in enumerate(arguments))
+    answer = Completion(content=content, tool_calls=calls)
+    echoed = {
+        "role": "assistant",
+        "content": " " * spaces + content,
+        "tool_calls": [  # other ids, other JSON spacing
+            {"id": f"x{i}", "type": "function",
+             "function": {"name": "add", "arguments": json.dumps(c.arguments, indent=spaces)}}
+            for i, c in enumerate(calls)
+        ],
+    }  # fmt: skip
+    new = [
+        {"role": "tool", "tool_call_id": "x0", "content": "3"},
+        {"role": "user", "content": "go"},
+    ]
+    if compact:  # the harness rewrote the first message
+        history = [{"role": "user", "content": "summary"}, *messages[1:], echoed, *new]
+    else:
+        history = [*messages, echoed, *new]
+    got = link(chat(*history), chat(*messages), answer)
+    kept = not compact or chat(*messages).messages[:1] == [{"role": "user", "content": "summary"}]
+    assert got == ((True, len(messages) + 1) if kept else (False, 0))
