@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gym_harness.model.action import Completion
 from gym_harness.model.request import ModelRequest
+from gym_harness.records.calls import Completion
 
 __all__ = ["link", "linked", "same_answer"]
 
