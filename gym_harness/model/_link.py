@@ -25,7 +25,8 @@ is 0, and a policy must render the whole conversation anew.
 
 The comparison reads the messages the request reader made: where it read a body on from
 the previous one (:mod:`gym_harness.model._reader`), the earlier messages are the very
-same objects, and comparing them is one identity check each; nothing is parsed again.
+same objects, and comparing them is one identity check each (a list comparison, which
+tries identity before equality); nothing is parsed again.
 
 Threads: pure functions; the endpoint calls them on its server loop.
 """
@@ -37,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gym_harness.model.action import Completion
 from gym_harness.model.request import ModelRequest
+from gym_harness.records.calls import Completion
 
 __all__ = ["link", "linked", "same_answer"]
 
@@ -63,7 +64,7 @@ def link(request: ModelRequest, previous: ModelRequest, answer: Completion) -> t
     n = len(before)
     if len(messages) <= n or not _same(request.tools, previous.tools):
         return False, 0
-    if not all(a is b or a == b for a, b in zip(messages, before, strict=False)):
+    if messages[:n] != before:  # element by element, identity first (in C)
         return False, 0
     end = n
     while end < len(messages) and messages[end].get("role") == "assistant":

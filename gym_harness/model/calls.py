@@ -1,8 +1,6 @@
 """Model mode's call tracking: the :class:`ModelCall` records kept under bounds.
 
-The record itself (``ModelCall``: the observation the policy saw, whether the request
-extends the previous call, the completion, its ``policy_version``) lives in
-``gym_harness.records.calls``.
+The record itself (``ModelCall``) lives in ``gym_harness.records.calls``.
 :class:`CallLog` keeps the records, in the order the calls arrived, under a count and a byte bound.
 :class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`

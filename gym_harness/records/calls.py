@@ -1,8 +1,9 @@
 """The record of one model call of model mode: :class:`ModelCall` and its :class:`Completion`.
 
 A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
-observation the policy saw (messages, tools, sampling), the completion it gave, its
-``token_ids``/``logprobs``/``prompt_token_ids``/``usage``, and how the exchange ended.
+observation the policy saw (messages, tools, sampling, whether the request extends the
+previous call), the completion it gave, its ``token_ids``/``logprobs``/``prompt_token_ids``/
+``usage``/``policy_version``, and how the exchange ended.
 The endpoint that makes them, and the bounds they are kept under, live in
 ``gym_harness.model``; this module holds the values only.
 

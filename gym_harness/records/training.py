@@ -51,16 +51,20 @@ chain is::
     logprobs              the sampled logprobs, aligned; 0.0 where the mask is 0
     policy_versions       [start, end, version] per call: c_k's span of
                           completion_token_ids, and the version its action gave (or None)
-    break                 "" for the episode's last chain, else why it ended
+    break                 "" when no main call after it failed to join it, else that
+                          call and why
 
-A chain ends where the next main call's prompt ids do not begin with the chain's prompt
-and completion so far (the harness rewrote its history, or the policy re-rendered the
-conversation), and before a main call that is text-level: one without usable ids, or
-one whose answer never reached the harness (past ``policy_timeout_s``: its record has
-no completion, so it is in no chain). The next token-level call starts a new chain. A
-side call is in no chain and never ends one. An episode whose calls all chained has one
-chain; a trainer that wants one row per episode trains a chain and says what it did
-with the others.
+A chain ends where the next token-level main call's prompt ids do not begin with the
+chain's prompt and completion so far (the harness rewrote its history, or the policy
+re-rendered the conversation), and before a main call whose answer reached the harness
+without usable ids (text-level: the conversation goes on from tokens nobody reported).
+The next token-level call starts a new chain. A call that got no answer delivered (the
+policy's came after ``policy_timeout_s``, or the episode ended while it waited) is in no
+chain: its record has no completion, so a late answer's ids are nowhere, and it adds
+nothing to the harness's conversation, so it ends no chain either (a later call joins
+only if its prompt ids extend the chain, as always). A side call is in no chain and
+never ends one. An episode whose calls all chained has one chain; a trainer that wants
+one row per episode trains a chain and says what it did with the others.
 """
 
 from __future__ import annotations
@@ -125,7 +129,8 @@ def training_trace(
             meta,
         )
         if not side:
-            chains.add(node, ids, why, version, call.get("extends"))
+            answered = call.get("completion") is not None or bool(call.get("truncated"))
+            chains.add(node, ids, why, version, call.get("extends"), answered)
     for exchange in exchange_records(events):
         node = f"exchange-{exchange.get('seq')}"
         ids, why = _captured_ids(exchange)
@@ -145,7 +150,7 @@ def training_trace(
             {**meta, "policy_version": None},
         )
         if not side:
-            chains.add(node, ids, why, None, None)
+            chains.add(node, ids, why, None, None, exchange.get("outcome") == "ok")
     main_text = [c for c in text_level if not c["side"]]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -272,12 +277,15 @@ class _Chains:
         self.chains: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None
 
-    def add(self, node: str, ids: Ids | None, why: str, version: Any, extends: Any) -> None:
+    def add(
+        self, node: str, ids: Ids | None, why: str, version: Any, extends: Any, answered: bool
+    ) -> None:
         """One main call: ``ids`` as :func:`_checked` gives them (``None``: text-level, and
-        ``why``), ``version`` its policy version, ``extends`` its observation's (model mode)."""
+        ``why``), ``version`` its policy version, ``extends`` its observation's (model mode),
+        ``answered`` whether an answer reached the harness."""
         chain = self.current
         if ids is None:
-            if chain is not None:
+            if chain is not None and answered:
                 self.end(f"{node} is text-level: {why}")
             return
         prompt, completion, logprobs = ids
@@ -309,7 +317,7 @@ class _Chains:
             self.current = None
 
     def done(self) -> list[dict[str, Any]]:
-        """Every chain, the last one with no ``break``."""
+        """Every chain (the one under way ran to the episode's end: no ``break``)."""
         if self.current is not None:
             self.chains.append(self.current)
             self.current = None

@@ -82,6 +82,10 @@ def episode(env: HarnessEnv, calls: Calls, think_s: float = 0.0) -> None:
         c for m in second["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])
     ]
     assert asked["id"] == results[0]["tool_call_id"] and asked["function"]["name"] == tool
+    # The CLI kept its history: the first call's messages, our answer, then what is new.
+    assert (first["extends"], second["extends"]) == (False, True), second["messages"]
+    assert second["messages"][: len(first["messages"])] == first["messages"]
+    assert results[0] in second["messages"][second["new_from"] :]
 
     obs, rew, terminated, truncated, info = env.step("The sum is 42.")
     assert (terminated, truncated, info["error_type"]) == (True, False, ""), info

@@ -136,7 +136,11 @@ def read_back(request: ModelRequest, content_type: str, data: bytes) -> dict[str
 def test_real_request_becomes_the_observation(cli: str) -> None:
     request = real_request(cli)
     obs = json.loads(json.dumps(request.observation()))  # JSON-ready
-    assert set(obs) == {"request_id", "api", "model", "messages", "tools", "sampling", "stream"}
+    assert set(obs) == {
+        "request_id", "api", "model", "messages", "tools", "sampling", "stream", "extends",
+        "new_from",
+    }  # fmt: skip
+    assert (obs["extends"], obs["new_from"]) == (False, 0)  # no call before it
     assert obs["request_id"] == "r1" and obs["model"] == "scripted-model" and obs["stream"]
     assert ENV_TOOL[cli] in request.tool_names
     (tool,) = [t for t in obs["tools"] if t["function"]["name"] == ENV_TOOL[cli]]

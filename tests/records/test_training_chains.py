@@ -25,7 +25,9 @@ from support import MODEL_AGENT
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness import HarnessEnv
-from gym_harness.model.action import InvalidAction, parse_action
+from gym_harness.model._link import link
+from gym_harness.model.action import Completion, InvalidAction, ToolCall, parse_action
+from gym_harness.model.request import ModelRequest, read_request
 from gym_harness.outcome import Outcome
 from gym_harness.records.training import record_trace, training_trace
 
@@ -190,7 +192,7 @@ def add(a: int, b: int) -> int:
 
 
 @pytest.mark.timeout(240)
-def test_an_answer_past_the_policy_timeout_is_in_no_chain_and_ends_the_one_before() -> None:
+def test_an_answer_past_the_policy_timeout_is_in_no_chain() -> None:
     env = reference_env(policy_timeout_s=1.0)
     policy = ChainPolicy()
     try:
@@ -206,17 +208,19 @@ def test_an_answer_past_the_policy_timeout_is_in_no_chain_and_ends_the_one_befor
     late = f"call-{second['request_id']}"
     (chain,) = trace["chains"]
     assert (chain["completion_token_ids"], chain["policy_versions"]) == ([11, 12], [[0, 2, 1]])
-    assert chain["break"].startswith(f"{late} is text-level: the call ended without an answer")
+    assert chain["break"] == ""  # no call after it failed to join it
     assert [t["completion_token_ids"] for t in trace["turns"]] == [[11, 12]]  # 21, 22: nowhere
     assert all(c.policy_version != 2 for c in trajectory.calls)
+    lost = [c for c in trace["text_level_calls"] if c["node_id"] == late]
+    assert lost and lost[0]["why"].startswith("the call ended without an answer: the policy did")
 
 
 def until_timed_out(env: Any) -> None:
     """Wait (bounded) until a model call got the endpoint's 504 for the policy timeout."""
-    model = HarnessEnv.of(env)._mode  # the ModelMode: its endpoint counts the lapses
-    assert model is not None
+    endpoint = HarnessEnv.of(env)._mode.endpoint  # it says when its 504s went out
+    assert endpoint is not None
     deadline = time.monotonic() + 60
-    while model.live.lapses()[0] < 1:
+    while endpoint.lapses()[0] < 1:
         assert time.monotonic() < deadline, "no model call timed out"
         time.sleep(0.02)
 
@@ -242,7 +246,7 @@ def test_a_policy_version_must_be_an_int_or_a_short_string(version: str, why: st
 
 # One main call of a generated episode: how its prompt relates to the chain so far.
 STEP = st.tuples(
-    st.sampled_from(["follow", "follow", "fresh", "text", "side"]),
+    st.sampled_from(["follow", "follow", "fresh", "text", "lost", "side"]),
     st.lists(st.integers(0, 50), min_size=1, max_size=4),  # completion ids
     st.lists(st.integers(0, 50), max_size=3),  # inserted ids (or a fresh prompt's)
 )
@@ -257,8 +261,8 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
     for index, (kind, completion, extra) in enumerate(steps):
         call: dict[str, Any] = {"request_id": str(index), "side": kind == "side",
                                 "completion": {"content": ""}, "policy_version": index}  # fmt: skip
-        if kind == "text":
-            calls.append(call)  # no ids: text-level
+        if kind in ("text", "lost"):  # no ids: answered text-level, or never answered
+            calls.append({**call, "completion": None} if kind == "lost" else call)
             continue
         prompt = ids + extra if kind == "follow" and ids is not None else [99, *extra]
         logprobs = [-(i + 1) / 4 for i in range(len(completion))]
@@ -272,7 +276,7 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
         f"call-{c['request_id']}" for c in token_level
     ]
     assert all(chain["break"] for chain in chains[:-1])
-    # The last chain ends with the episode, or before a text-level main call after it.
+    # The last chain ends with the episode, or before an answered text-level main call.
     last = max(
         (i for i, (kind, _, _) in enumerate(steps) if kind in ("follow", "fresh")), default=-1
     )
@@ -296,3 +300,136 @@ def test_chains_score_every_sampled_token_in_the_context_it_was_sampled_in(
             sampled.update(range(start, end))
         assert [i for i, m in enumerate(mask) if m] == sorted(sampled)
         assert len(chain["node_ids"]) >= 1
+
+
+# -- extends: the echo of an answer, in each wire API ----------------------------------------------
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+ANSWER = Completion(content="let me add", tool_calls=(ToolCall("call_1", "add", {"a": 1, "b": 2}),))
+
+
+def chat(*messages: dict[str, Any], tools: list[dict[str, Any]] | None = None) -> ModelRequest:
+    body = {"model": "m", "messages": list(messages), "tools": [ADD] if tools is None else tools}
+    request = read_request("/v1/chat/completions", json.dumps(body).encode())
+    assert request is not None
+    return request
+
+
+USER = {"role": "user", "content": "add 1 and 2"}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+
+
+def echo(content: str = "let me add", arguments: str = '{"b": 2, "a": 1}', name: str = "add",
+         call_id: str = "other_id") -> dict[str, Any]:  # fmt: skip
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, "tool_calls": [call]}
+
+
+@pytest.mark.parametrize(
+    ("after", "extends"),
+    [
+        (chat(USER, echo(), RESULT), (True, 2)),
+        (chat(USER, echo(content=" let  me\nadd "), RESULT), (True, 2)),  # whitespace
+        (chat(USER, echo(arguments='{"a":1,"b":2}', call_id="call_1"), RESULT), (True, 2)),
+        (chat(USER, echo(content="let me subtract"), RESULT), (False, 0)),
+        (chat(USER, echo(arguments='{"a": 1, "b": 3}'), RESULT), (False, 0)),
+        (chat(USER, echo(name="sub"), RESULT), (False, 0)),
+        (chat(USER, echo(), RESULT, tools=[ADD, ADD]), (False, 0)),  # the tools changed
+        (chat({"role": "user", "content": "add 1 and 2!"}, echo(), RESULT), (False, 0)),
+        (chat({"role": "system", "content": "be brief"}, USER, echo(), RESULT), (False, 0)),
+        (chat(USER, echo()), (False, 0)),  # nothing new after the answer
+        (chat(USER, RESULT), (False, 0)),  # the answer left out
+    ],
+)
+def test_a_request_extends_the_last_call_when_its_echo_means_the_answer(
+    after: ModelRequest, extends: tuple[bool, int]
+) -> None:
+    assert link(after, chat(USER), ANSWER) == extends
+
+
+def test_an_empty_answer_may_be_left_out_of_the_history() -> None:
+    more = {"role": "user", "content": "go on"}
+    assert link(chat(USER, more), chat(USER), Completion()) == (True, 1)
+    assert link(chat(USER, {"role": "assistant", "content": ""}, more), chat(USER),
+                Completion()) == (True, 2)  # fmt: skip
+
+
+def test_each_wire_api_echoes_the_answer_in_its_own_shape() -> None:
+    def read(path: str, body: dict[str, Any]) -> ModelRequest:
+        request = read_request(path, json.dumps(body).encode())
+        assert request is not None
+        return request
+
+    add = {"name": "add", "input_schema": {"type": "object"}}
+    first = {"model": "m", "system": "be brief", "tools": [add], "messages": [
+        {"role": "user", "content": "add 1 and 2"}]}  # fmt: skip
+    then = {**first, "messages": [*first["messages"],
+        {"role": "assistant", "content": [{"type": "text", "text": "let me add"},
+            {"type": "tool_use", "id": "toolu_9", "name": "add", "input": {"a": 1, "b": 2}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "3"}]}]}  # fmt: skip
+    assert link(read("/v1/messages", then), read("/v1/messages", first), ANSWER) == (True, 3)
+
+    gemini = "/v1beta/models/m:generateContent"
+    tools = [{"functionDeclarations": [{"name": "add", "parameters": {"type": "object"}}]}]
+    first = {"tools": tools, "contents": [{"role": "user", "parts": [{"text": "add 1 and 2"}]}]}
+    then = {**first, "contents": [*first["contents"],
+        {"role": "model", "parts": [{"text": "let me add"},
+                                    {"functionCall": {"name": "add", "args": {"a": 1, "b": 2}}}]},
+        {"role": "user", "parts": [
+            {"functionResponse": {"name": "add", "response": {"output": "3"}}}]}]}  # fmt: skip
+    assert link(read(gemini, then), read(gemini, first), ANSWER) == (True, 2)
+
+    tools = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
+    first = {"model": "m", "instructions": "be brief", "tools": tools,
+             "input": [{"type": "message", "role": "user", "content": "add 1 and 2"}]}  # fmt: skip
+    then = {**first, "input": [*first["input"],
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "let me add"}]},
+        {"type": "function_call", "call_id": "c9", "name": "add", "arguments": '{"a":1,"b":2}'},
+        {"type": "function_call_output", "call_id": "c9", "output": "3"}]}  # fmt: skip
+    assert link(read("/v1/responses", then), read("/v1/responses", first), ANSWER) == (True, 3)
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+ARGUMENTS = st.dictionaries(st.text(max_size=4), st.integers() | TEXT, max_size=3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["user", "system"]), TEXT), min_size=1, max_size=4),
+    TEXT,
+    st.lists(ARGUMENTS, max_size=3),
+    st.integers(0, 2),
+    st.booleans(),
+)
+def test_a_history_kept_as_the_policy_left_it_extends_whatever_its_formatting(
+    before: list[tuple[str, str]],
+    content: str,
+    arguments: list[dict[str, Any]],
+    spaces: int,
+    compact: bool,
+) -> None:
+    messages = [{"role": role, "content": text} for role, text in before]
+    calls = tuple(ToolCall(f"call_{i}", "add", args) for i, args in enumerate(arguments))
+    answer = Completion(content=content, tool_calls=calls)
+    echoed = {
+        "role": "assistant",
+        "content": " " * spaces + content,
+        "tool_calls": [  # other ids, other JSON spacing
+            {"id": f"x{i}", "type": "function",
+             "function": {"name": "add", "arguments": json.dumps(c.arguments, indent=spaces)}}
+            for i, c in enumerate(calls)
+        ],
+    }  # fmt: skip
+    new = [
+        {"role": "tool", "tool_call_id": "x0", "content": "3"},
+        {"role": "user", "content": "go"},
+    ]
+    if compact:  # the harness rewrote the first message
+        history = [{"role": "user", "content": "summary"}, *messages[1:], echoed, *new]
+    else:
+        history = [*messages, echoed, *new]
+    got = link(chat(*history), chat(*messages), answer)
+    kept = not compact or chat(*messages).messages[:1] == [{"role": "user", "content": "summary"}]
+    assert got == ((True, len(messages) + 1) if kept else (False, 0))

@@ -90,11 +90,20 @@ def test_model_mode_trace_holds_the_actions_ids_masked_over_the_completion() -> 
     assert first["metadata"] == {
         "source": "model",
         "episode_id": trajectory.episode_id,
+        "policy_version": None,
         "side": False,
     }
     # The side call got the env's fixed answer (no ids): left out, and not text-level.
     (side,) = trace["text_level_calls"]
     assert side["side"] is True and "no prompt token ids" in side["why"]
+    # SECOND's prompt ids are FIRST's prompt and completion and one inserted id: one chain.
+    (chain,) = trace["chains"]
+    assert chain["node_ids"] == [first["node_id"], second["node_id"]]
+    assert chain["prompt_token_ids"] == [1, 2, 3]
+    assert chain["completion_token_ids"] == [7, 8, 4, 9, 10, 11]
+    assert chain["mask"] == [1, 1, 0, 1, 1, 1]
+    assert chain["logprobs"] == [-0.25, -1.5, 0.0, -0.5, -0.125, 0.0]
+    assert (chain["policy_versions"], chain["break"]) == ([[0, 2, None], [3, 6, None]], "")
     # The same trace from the rollout record, as read back from disk.
     assert record_trace(json.loads(json.dumps(record))) == trace
 
@@ -122,6 +131,9 @@ def test_a_call_without_usable_ids_is_text_level_and_says_why(
     (call,) = trace["text_level_calls"]
     assert call["node_id"] == f"call-{seen[1]['request_id']}" and not call["side"]
     assert why in call["why"], call
+    (chain,) = trace["chains"]  # the text-level call ends the chain, and is in none
+    assert chain["node_ids"] == [trace["turns"][0]["node_id"]]
+    assert chain["break"] == f"{call['node_id']} is text-level: {call['why']}"
 
 
 def test_an_episode_without_model_calls_is_not_token_level() -> None:
@@ -130,6 +142,7 @@ def test_an_episode_without_model_calls_is_not_token_level() -> None:
         "turns": [],
         "token_level": False,
         "text_level_calls": [],
+        "chains": [],
     }
 
 
