@@ -226,3 +226,22 @@ def test_sampling_from_trls_worker_reaches_the_upstream() -> None:
         assert {k: body[k] for k in sampling} == sampling
     main = [t for t in trace.turns if not t.metadata["side"]]
     assert main and json.dumps(main[0].request).count('"temperature": 0.6') == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_multi_call_episode_refused_gives_an_empty_row_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scores, calls = Scores(), Calls()
+    session = reference(scores, calls).create("please add 20 and 22")
+    try:
+        step = policy()
+        with caplog.at_level("WARNING", logger="gym_harness.openenv.adapter"):
+            result = ModelModeAdapter(multi_call="refuse").run_white_box(step, session)
+    finally:
+        session.close()
+    assert result.done and len(step.produced) == 2  # a tool call, then the answer
+    assert (result.prompt_ids, result.completion_ids, result.logprobs) == ([], [], [])
+    assert result.metrics["calls_left_out"] == 2
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "gym_harness.training.trl.rollout_func" in warning and "no ids" in warning
