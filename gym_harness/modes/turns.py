@@ -50,7 +50,9 @@ class TurnMode(Mode):
         if not turns or turns[-1].terminated or turns[-1].truncated:
             return False
         last = turns.pop()
-        result = TurnResult(last.response, last.events, error_type=last.error_type, error=last.error)
+        result = TurnResult(
+            last.response, last.events, error_type=last.error_type, error=last.error
+        )
         episode = replace(self.started, proxy=None)  # its exchanges are in the turn already
         self.recorder.record(
             episode, last.turn, last.message, result, last.started_at, last.elapsed_s, True
