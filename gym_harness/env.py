@@ -37,7 +37,7 @@ from gym_harness.modes.base import Episode, Mode, Recorder
 from gym_harness.modes.turns import TurnMode
 from gym_harness.outcome import Outcome
 from gym_harness.process.resources import EnvResources
-from gym_harness.records.events import EventType, HarnessEvent, TurnResult
+from gym_harness.records.events import HarnessEvent
 from gym_harness.records.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
@@ -310,6 +310,25 @@ class HarnessEnv(gymnasium.Env[str, str]):
         child, obs, info = fork_episode(parent, self._owned.current, strict)
         return cast(HarnessEnv, child), obs, info
 
+    @classmethod
+    def _fork_child(
+        cls, spawn_args: Mapping[str, Any], inherited: Inherited
+    ) -> tuple[HarnessEnv, Callable[[float], None]]:
+        """A fork's child, made with what it inherits (``fork/`` calls this through the
+        ``spawn`` that ``fork`` hands it): an env configured as ``spawn_args`` say, with the
+        inherited ``user_fn``, whose first launch resumes ``inherited.origin`` if set. Returns
+        it and ``adopt(took)``, which makes its record the parent's so far."""
+        child = cls(**{**spawn_args, "user_fn": inherited.user_fn})
+        child._inherit(inherited)
+        return child, functools.partial(child._adopt, inherited)
+
+    def _inherit(self, inherited: Inherited) -> None:
+        self._resume = inherited.origin  # the next launch only: later episodes are its own
+
+    def _adopt(self, inherited: Inherited, took: float) -> None:
+        self.trajectory = inherited.record(self.trajectory, took)
+        self._mode.rebase(self.trajectory)
+
     def truncate(self) -> float:
         """End the episode here, cut by a limit of the caller's, and score it as cut.
 
@@ -336,54 +355,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """
         if self._state in (Lifecycle.NEW, Lifecycle.STOPPED):
             self._check_running("truncate()")
-        episode, mode = self._mode.episode, self._mode
-        if self._state is not Lifecycle.RUNNING or episode is None:
-            return self.trajectory.total_reward
-        turns = self.trajectory.turns
-        held = getattr(mode, "pending", None) is not None  # model mode: a call the policy holds
-        if episode.runner is not None and held:
-            events = episode.runner.paused_events
-            response = "".join(
-                str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT
-            )
-            result = TurnResult(response=response, events=events)
-            started = turns[-1].started_at + turns[-1].elapsed_s if turns else time.time()
-            message = str(getattr(mode, "message", ""))
-            mode.recorder.record(episode, len(turns) + 1, message, result, started, 0.0, True)
-        elif (
-            self._model_options is None and turns and not turns[-1].terminated | turns[-1].truncated
-        ):
-            last = turns.pop()
-            result = TurnResult(
-                last.response, last.events, error_type=last.error_type, error=last.error
-            )
-            mode.recorder.record(
-                episode, last.turn, last.message, result, last.started_at, last.elapsed_s, True
-            )
-        else:
-            return self.trajectory.total_reward
-        self._become(Lifecycle.ENDED, "truncate() ended the episode: max_steps")
-        self._stop_process()
+        if self._state is Lifecycle.RUNNING and self._mode.truncate():
+            self._become(Lifecycle.ENDED, "truncate() ended the episode: max_steps")
+            self._stop_process()
         return self.trajectory.total_reward
-
-    @classmethod
-    def _fork_child(
-        cls, spawn_args: Mapping[str, Any], inherited: Inherited
-    ) -> tuple[HarnessEnv, Callable[[float], None]]:
-        """A fork's child, made with what it inherits (``fork/`` calls this through the
-        ``spawn`` that ``fork`` hands it): an env configured as ``spawn_args`` say, with the
-        inherited ``user_fn``, whose first launch resumes ``inherited.origin`` if set. Returns
-        it and ``adopt(took)``, which makes its record the parent's so far."""
-        child = cls(**{**spawn_args, "user_fn": inherited.user_fn})
-        child._inherit(inherited)
-        return child, functools.partial(child._adopt, inherited)
-
-    def _inherit(self, inherited: Inherited) -> None:
-        self._resume = inherited.origin  # the next launch only: later episodes are its own
-
-    def _adopt(self, inherited: Inherited, took: float) -> None:
-        self.trajectory = inherited.record(self.trajectory, took)
-        self._mode.rebase(self.trajectory)
 
     def list_tools(self) -> list[Any]:
         """The env tools as the harness sees them (``ToolSpec``s, served names)."""

@@ -146,7 +146,7 @@ class Recorder:
     ) -> TurnRecord:
         """Record the turn in ``episode``'s trajectory, then score it; return its record.
 
-        ``truncated``: a limit outside the turn cut it (``HarnessEnv.truncate()``).
+        ``truncated``: a limit outside the turn cut it (``HarnessEnv.truncate``).
 
         Raises:
             ResetNeeded: The env was closed during the turn (nothing is recorded).
@@ -200,6 +200,12 @@ class Mode:
 
     def end(self, trajectory: Trajectory) -> None:
         """The harness is stopped: end what still waits, recorded in ``trajectory``."""
+
+    def truncate(self) -> bool:
+        """A step limit outside the env cut the episode: record the turn under way (turn
+        mode: the last turn, again) as truncated and score it; ``False`` when there is
+        nothing to cut. The env then stops the harness."""
+        return False
 
     def held(self) -> HeldCall | None:
         """Model mode: where the episode stands, for a fork (``None`` in turn mode)."""

@@ -215,6 +215,20 @@ class ModelMode(Mode):
         ended = self.ended or TurnResult()  # a turn that ended before its first call
         return Opening(self.observation(), seen, str(ended.error_type), ended.error)
 
+    def truncate(self) -> bool:
+        """The turn under way (its call held by the policy), recorded as truncated with
+        what the harness said so far, and scored; ``False`` when no call is held."""
+        episode = self.started
+        if self.pending is None or episode.runner is None:
+            return False
+        turns = episode.trajectory.turns
+        events = episode.runner.paused_events
+        text = "".join(str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT)
+        started_at = turns[-1].started_at + turns[-1].elapsed_s if turns else time.time()
+        result = TurnResult(response=text, events=events)
+        self.recorder.record(episode, len(turns) + 1, self.message, result, started_at, 0.0, True)
+        return True
+
     def end(self, trajectory: Trajectory) -> None:
         """Cut the calls still waiting (the harness is stopped) and record every call."""
         if self.endpoint is None:

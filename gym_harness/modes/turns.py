@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gym_harness.modes.base import Episode, Mode, Opening
 from gym_harness.records.events import HarnessEvent, TurnResult
@@ -41,3 +42,19 @@ class TurnMode(Mode):
         elapsed = time.monotonic() - start
         record = self.recorder.record(episode, turn, action, result, started_at, elapsed)
         return record.response, record
+
+    def truncate(self) -> bool:
+        """The last turn, scored again as truncated (its reward replaced), if it ended
+        neither terminated nor truncated."""
+        turns = self.started.trajectory.turns
+        if not turns or turns[-1].terminated or turns[-1].truncated:
+            return False
+        last = turns.pop()
+        result = TurnResult(
+            last.response, last.events, error_type=last.error_type, error=last.error
+        )
+        episode = replace(self.started, proxy=None)  # its exchanges are in the turn already
+        self.recorder.record(
+            episode, last.turn, last.message, result, last.started_at, last.elapsed_s, True
+        )
+        return True

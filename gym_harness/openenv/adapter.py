@@ -17,7 +17,7 @@ completion ``c1‖c2``) would have TRL score ``c1`` after ``p2``: out of context
 single-call episode's row is its call; an episode of several calls gives its last call's
 row (``multi_call="last"``: every token scored where it was sampled, the earlier calls
 left out and counted in ``metrics["calls_left_out"]``) or an empty one
-(``multi_call="refuse"``), and a warning says so once. ``gym_harness.trl.rollout_func``
+(``multi_call="refuse"``), and a warning says so once. ``gym_harness.training.trl.rollout_func``
 trains every call, as one token chain with TRL's ``env_mask``.
 
 Checked steps. Each ``ModelStepResult`` is checked before the harness gets its answer:
@@ -189,8 +189,9 @@ class ModelModeAdapter(HarnessAdapter):
                 kept = "its last call" if self.multi_call == "last" else "no ids"
                 logger.warning(
                     "an episode made %d model calls; one OpenEnv row cannot carry them in "
-                    "context (it has no mask), so its row holds %s. gym_harness.trl.rollout_func "
-                    "trains every call as one token chain with TRL's env_mask.",
+                    "context (it has no mask), so its row holds %s. "
+                    "gym_harness.training.trl.rollout_func trains every call as one token "
+                    "chain with TRL's env_mask.",
                     len(trained),
                     kept,
                 )
