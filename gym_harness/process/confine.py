@@ -20,6 +20,14 @@ What each layer enforces (the policy keys that ask for it in parentheses):
 * Landlock scope, ABI 6 (``scope``): no signal to, nor connect to an abstract unix socket
   of, a process outside the sandbox (the keeper included).
 * seccomp (``seccomp``): the calls of :data:`SECCOMP_WHY`.
+* a mount namespace (``view``): the child sees only the paths it is granted, each at its
+  own path (bound from the host, the links along the way re-made), a ``/dev`` of the
+  devices it is granted by name, a private ``/dev/pts`` (a new devpts instance: its own
+  terminals only) and a private ``/dev/shm`` (tmpfs, ``shm_mb`` large). A pathname unix
+  socket outside the granted paths (a multiprocessing forkserver's, Ray's, a session
+  bus) has no path there, so no ``connect`` reaches it; as root the namespace is the
+  child's own, otherwise inside a user namespace of its own (uid and gid mapped to
+  themselves).
 
 What they do not enforce (kernel documentation, and measured here on Linux 6.18, ABI 7):
 
@@ -33,7 +41,8 @@ What they do not enforce (kernel documentation, and measured here on Linux 6.18,
   ``connect``): the seccomp filter refuses both. ``listen`` on an unbound socket takes an
   ephemeral port on every address without a ``bind`` for Landlock to check.
 * Connecting to a pathname unix socket needs no right before ABI 9
-  (``LANDLOCK_ACCESS_FS_RESOLVE_UNIX``, handled from that ABI on); only creating one does.
+  (``LANDLOCK_ACCESS_FS_RESOLVE_UNIX``, handled from that ABI on); only creating one does:
+  the mount namespace (``view``) is what hides the sockets outside.
 * Files and sockets open before :func:`apply` (the harness's pipes) are not checked.
 * Landlock and seccomp bind the calling thread and what it starts later: call
   :func:`apply` in a single-threaded process (after ``fork``).
@@ -45,8 +54,8 @@ from __future__ import annotations
 import os
 import stat  # already loaded by os
 
-__all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "Prepared", "apply", "bring_loopback_up",
-           "prepare", "probe"]  # fmt: skip
+__all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "VIEW_DEVICES", "Prepared", "apply",
+           "bring_loopback_up", "prepare", "probe"]  # fmt: skip
 
 # Landlock (linux/landlock.h); its syscalls are 444-446 on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
@@ -65,7 +74,19 @@ _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_A
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _CAP_VERSION_3, _CAP_SETPCAP = 0x20080522, 8
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
+# mount(2) flags, umount2, pivot_root (x86_64, aarch64).
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+#: Where the child builds its view (any directory: a tmpfs covers it in its own namespace).
+_STAGE = "/tmp"
+#: The character devices a view's ``/dev`` holds, when the policy grants them.
+VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+#: Links a view's ``/dev`` always holds (what ``/dev`` has on every Linux).
+_DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
+              ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"),
+              ("/dev/ptmx", "pts/ptmx"))  # fmt: skip
+_MAX_LINKS = 40  # links followed while mirroring one path (the kernel's own bound)
 _EPERM, _EINVAL, _ENOSYS, _EOPNOTSUPP = 1, 22, 38, 95
 
 # seccomp BPF (linux/filter.h, linux/seccomp.h). struct seccomp_data: nr, arch, then
@@ -87,6 +108,8 @@ SECCOMP_WHY: tuple[tuple[str, str], ...] = (
      "only), no MPTCP or SCTP (they pass its TCP rules), no other family (vsock reaches a "
      "VM's host; AF_ALG, RDS ... are kernel attack surface)"),
     ("sendto sendmsg sendmmsg", "EPERM with MSG_FASTOPEN: a TCP connect Landlock misses"),
+    ("ioctl", "EPERM for TIOCSTI and TIOCLINUX: typing input into a terminal (any terminal "
+     "the harness holds, its own included) runs commands as whoever reads it"),
     ("clone", "EPERM with a CLONE_NEW* flag: a user namespace hands back every capability"),
     ("clone3", "ENOSYS: its flags sit in memory a filter cannot read; libc falls back to "
      "clone, as in containers"),
@@ -104,12 +127,14 @@ SECCOMP_WHY: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 #: The calls the seccomp filter refuses (some only with the arguments SECCOMP_WHY names).
 SECCOMP_DENIED: tuple[str, ...] = tuple(" ".join(names for names, _ in SECCOMP_WHY).split())
-_BY_ARGUMENT = ("socket", "sendto", "sendmsg", "sendmmsg", "clone", "clone3")
+_BY_ARGUMENT = ("socket", "sendto", "sendmsg", "sendmmsg", "clone", "clone3", "ioctl")
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 
 # fmt: off
 #: Syscall numbers (x86_64, aarch64); from io_uring (425) on both tables agree.
 _NUMBERS = {
-    "socket": (41, 198), "sendto": (44, 206), "sendmsg": (46, 211), "sendmmsg": (307, 269),
+    "ioctl": (16, 29), "socket": (41, 198), "sendto": (44, 206), "sendmsg": (46, 211),
+    "sendmmsg": (307, 269),
     "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268),
     "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
     "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
@@ -124,11 +149,16 @@ _NUMBERS = {
 }
 #: Policy keys and what each holds (None or absent: that layer is not asked for).
 _POLICY = {"read": str, "write": str, "devices": str, "connect": int, "bind": int,
-           "scope": bool, "seccomp": bool, "drop_caps": bool}
+           "scope": bool, "seccomp": bool, "drop_caps": bool, "view": bool, "shm_mb": "size"}
 # fmt: on
 #: os.uname().machine -> (AUDIT_ARCH_*, its column in _NUMBERS).
 _ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
-_WANTED = {str: "a list of absolute paths", int: "a list of TCP ports", bool: "True or False"}
+_WANTED = {
+    str: "a list of absolute paths",
+    int: "a list of TCP ports",
+    bool: "True or False",
+    "size": "a positive int (MiB)",
+}
 _NETNS_WAIT_S = 5.0
 _cache: dict[str, object] = {}
 
@@ -150,6 +180,9 @@ class _Libc:
         self.prctl.argtypes = (ctypes.c_int, word, word, word, word)
         self.capget.argtypes = self.capset.argtypes = (word, word)
         self.unshare = libc.unshare
+        self.mount = libc.mount
+        self.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, word,
+                               ctypes.c_char_p)  # fmt: skip
 
     def syscall(self, name: str, nr: int, *args: object) -> int:
         wrapped = [self.ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)]
@@ -187,7 +220,8 @@ def probe() -> dict[str, object]:
         return dict(cached)
     abi = _landlock_abi()
     found: dict[str, object] = {"landlock_abi": abi, "fs": abi >= 1, "net_tcp": abi >= 4}
-    found.update(scope=abi >= 6, seccomp=_seccomp_available(), netns=_netns_check())
+    netns, view = _namespace_checks()
+    found.update(scope=abi >= 6, seccomp=_seccomp_available(), netns=netns, view=view)
     _cache["probe"] = found
     return dict(found)
 
@@ -217,23 +251,73 @@ def _seccomp_available() -> bool:
     return True
 
 
-def _netns_check() -> str:
+def _namespace_checks() -> tuple[str, str]:
+    """Whether a network namespace, and a mount namespace with a view, can be made here:
+    "" for each that can, else why not (one forked child tries both)."""
     import time
 
     libc = _libc()
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # only calls into the libc already loaded, then leaves
+        os.close(read_end)
         failed = libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        os._exit((libc.ctypes.get_errno() or 1) if failed else 0)
+        codes = [(libc.ctypes.get_errno() or 1) if failed else 0, 0]
+        try:
+            _enter_mount_namespace(libc)
+            libc.check("mount tmpfs", libc.mount(b"none", _STAGE.encode(), b"tmpfs", 0, None))
+        except OSError as exc:
+            codes[1] = exc.errno or 1
+        os.write(write_end, f"{codes[0]} {codes[1]}".encode())
+        os._exit(0)
+    os.close(write_end)
     deadline = time.monotonic() + _NETNS_WAIT_S
     while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
         time.sleep(0.001)
     if not done[0]:
         os.kill(pid, 9)
         done = os.waitpid(pid, 0)
+    report = os.read(read_end, 64).split()
+    os.close(read_end)
     code = os.waitstatus_to_exitcode(done[1])
-    why = os.strerror(code) if code > 0 else f"the check ended by signal {-code}"
-    return "" if code == 0 else f"needs root or unprivileged user namespaces: {why}"
+    if len(report) != 2 or code:
+        why = f"the check ended by signal {-code}" if code < 0 else "the check failed"
+        return why, why
+    net, mnt = (int(number) for number in report)
+    netns = f"needs root or unprivileged user namespaces: {os.strerror(net)}" if net else ""
+    view = f"needs root or unprivileged user namespaces: {os.strerror(mnt)}" if mnt else ""
+    return netns, view
+
+
+def _enter_mount_namespace(libc: _Libc, shared: bool = True) -> None:
+    """Give the calling (single-threaded) process a mount namespace of its own, in a user
+    namespace of its own when it is not root; mounts in it do not propagate out (with
+    ``shared``, some mount propagates: all are made private)."""
+    if os.geteuid() == 0:
+        libc.check("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        both = libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+        libc.check("unshare(CLONE_NEWUSER|CLONE_NEWNS)", both)
+        for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
+                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    if shared:
+        private = libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+        libc.check("making / private", private)
+
+
+def _shared_mounts() -> bool:
+    """Whether a mount of this process's namespace propagates (``shared:`` in mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return b" shared:" in f.read()
+    except OSError:
+        return True
 
 
 class Prepared:
@@ -246,13 +330,25 @@ class Prepared:
         ruleset_fd: The Landlock ruleset (close-on-exec), or -1 without Landlock rules.
         seccomp: Whether :func:`apply` loads the seccomp filter.
         drop_caps: Whether :func:`apply` drops every capability.
+        view: What :func:`apply` mounts in the child's own mount namespace (``binds``:
+            ``(source, target, is_dir)``; ``links``: ``(path, target)``; ``shm_mb``), or
+            None for no mount namespace.
         closed: Whether :meth:`close` ran.
     """
 
-    def __init__(self, libc: _Libc, ruleset_fd: int, program: bytes | None, drop_caps: bool):
+    def __init__(
+        self,
+        libc: _Libc,
+        ruleset_fd: int,
+        program: bytes | None,
+        drop_caps: bool,
+        view: dict[str, object] | None = None,
+        handled_fs: int = 0,
+    ) -> None:
         ctypes = libc.ctypes
         self._libc = libc
         self.ruleset_fd, self.drop_caps, self.closed = ruleset_fd, drop_caps, False
+        self.view, self._handled_fs = view, handled_fs
         self.seccomp = program is not None
         # What apply() points the kernel at, allocated here: capget's header and data,
         # zeros for capset, and struct sock_fprog (a count, then, aligned, a pointer).
@@ -311,10 +407,12 @@ def prepare(policy: dict[str, object]) -> Prepared:
     fs = any(policy.get(key) is not None for key in ("read", "write", "devices"))
     net = any(policy.get(key) is not None for key in ("connect", "bind"))
     scope, seccomp = bool(policy.get("scope")), bool(policy.get("seccomp"))
+    view = bool(policy.get("view"))
     for missing, what, key in (
         (fs and abi < 1, "paths (read/write/devices) need Landlock", "fs"),
         (net and abi < 4, f"TCP ports (connect/bind) need Landlock ABI 4, not {abi}", "net_tcp"),
         (scope and abi < 6, f"scope needs Landlock ABI 6, not {abi}", "scope"),
+        (view and bool(probe()["view"]), f"view: {probe()['view']}", "view"),
         (seccomp and machine not in _ARCHES, f"no seccomp filter for {machine}", "seccomp"),
     ):
         if missing:
@@ -334,7 +432,8 @@ def prepare(policy: dict[str, object]) -> Prepared:
             os.close(ruleset)
             raise
     program = _filter_program(machine) if seccomp else None
-    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")))
+    plan = _view_plan(policy) if view else None
+    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
 
 
 def _check_policy(policy: object) -> None:
@@ -346,9 +445,13 @@ def _check_policy(policy: object) -> None:
             raise ValueError(f"confinement policy: unknown key {key!r}; known: {list(_POLICY)}")
         if value is not None and not _valid(value, kind):
             raise ValueError(f"confinement policy: {key} must be {_WANTED[kind]}, not {value!r}")
+    if policy.get("view") and not policy.get("read"):  # type: ignore[attr-defined]
+        raise ValueError("confinement policy: view needs read (the paths the view shows)")
 
 
-def _valid(value: object, kind: type) -> bool:
+def _valid(value: object, kind: type | str) -> bool:
+    if kind == "size":
+        return type(value) is int and value > 0
     if kind is bool or not isinstance(value, list | tuple):
         return kind is bool and isinstance(value, bool)
     if kind is str:
@@ -384,6 +487,130 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
         os.close(fd)
 
 
+def _view_plan(policy: dict[str, object]) -> dict[str, object]:
+    """What the child mounts, as ready-made arguments: each granted path's real directory
+    bound at its own path (none beneath another, none in ``/dev``), the links on the way
+    to each re-made, and the granted devices of :data:`VIEW_DEVICES` by name."""
+    paths = [*(policy.get("read") or ()), *(policy.get("write") or ())]  # type: ignore[misc]
+    roots: list[str] = []
+    for real in sorted({os.path.realpath(path) for path in paths if os.path.exists(path)}):
+        if real in ("/", "/dev") or real.startswith("/dev/"):
+            continue  # the view's own /dev holds the devices by name
+        if not any(real.startswith(root + "/") for root in roots):
+            roots.append(real)
+    links: dict[str, str] = {}
+    for path in paths:
+        _mirror(os.path.abspath(path), roots, links, 0)
+    granted = set(policy.get("devices") or ())  # type: ignore[call-overload]
+    devices = []
+    for device in VIEW_DEVICES:
+        try:
+            found = os.stat(device) if device in granted else None
+        except OSError:
+            continue
+        if found is not None and stat.S_ISCHR(found.st_mode):
+            devices.append((device, found.st_rdev))
+    dirs: list[str] = ["/dev", "/dev/pts", "/dev/shm"]
+    for path in [*roots, *(os.path.dirname(p) for p in [*links, *(d for d, _ in devices)])]:
+        _add_dirs(path, dirs, last=path in roots)
+    stage = _STAGE.encode()
+    shm_mb = policy.get("shm_mb")
+    return {
+        "dirs": [stage + d.encode() for d in dirs],
+        "binds": [(root.encode(), stage + root.encode(), os.path.isdir(root)) for root in roots],
+        "devices": [(stage + d.encode(), rdev) for d, rdev in devices],
+        "links": [(to.encode(), stage + at.encode()) for at, to in (*links.items(), *_DEV_LINKS)],
+        "shm": f"mode=1777,size={shm_mb}m".encode() if shm_mb else b"mode=1777",
+        "shared": _shared_mounts(),
+    }
+
+
+def _add_dirs(path: str, dirs: list[str], last: bool) -> None:
+    """Append the directories to make for ``path`` (its ancestors; itself if ``last``)."""
+    parts = [part for part in path.split("/") if part]
+    for n in range(1, len(parts) + (1 if last else 0)):
+        here = "/" + "/".join(parts[:n])
+        if here not in dirs:
+            dirs.append(here)
+
+
+def _mirror(path: str, roots: list[str], links: dict[str, str], depth: int) -> None:
+    """Record the links on the way to ``path`` (up to where a bound root starts)."""
+    parts = [part for part in path.split("/") if part]
+    here = "/"
+    for n, name in enumerate(parts):
+        there = os.path.join(here, name)
+        if any(there == root or there.startswith(root + "/") for root in roots):
+            return  # the rest is the host's own, seen through the bind
+        try:
+            target = os.readlink(there)
+        except OSError:  # a directory (or nothing): go on
+            here = there
+            continue
+        links.setdefault(there, target)
+        if depth < _MAX_LINKS:
+            onward = os.path.normpath(os.path.join(here, target, *parts[n + 1 :]))
+            _mirror(onward, roots, links, depth + 1)
+        return
+
+
+def _enter_view(prepared: Prepared) -> None:
+    """Mount the view of ``prepared.view`` in a new mount namespace and ``chroot`` into it.
+
+    The view is a tmpfs: directories, the granted paths bound from the host, the devices
+    (made with ``mknod`` as root, bound otherwise), links, a new devpts instance and a
+    tmpfs for ``/dev/shm``. ``chroot`` rather than ``pivot_root``: the host's root stays
+    out of reach once the capabilities are gone (no ``chroot`` again, no mount call past
+    the seccomp filter, no descriptor open outside) and the spawn skips an unmount that
+    waits for an RCU grace period. The working directory is entered again in the view.
+    """
+    libc, plan = prepared._libc, prepared.view
+    assert plan is not None
+    cwd = os.getcwd()
+    _enter_mount_namespace(libc, bool(plan["shared"]))
+    opened = []
+    for source, target, is_dir in plan["binds"]:  # type: ignore[attr-defined]
+        try:
+            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target, is_dir))
+        except OSError:
+            continue  # gone since the plan: nothing to show
+    stage, flags = _STAGE.encode(), _MS_NOSUID
+    check, mount = libc.check, libc.mount
+    check("mounting the view", mount(b"gym_harness", stage, b"tmpfs", flags, b"mode=0755"))
+    for path in plan["dirs"]:  # type: ignore[attr-defined]
+        os.mkdir(path, 0o755)
+    for fd, target, is_dir in opened:
+        if not is_dir:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        bound = mount(b"/proc/self/fd/%d" % fd, target, None, _MS_BIND | _MS_REC, None)
+        os.close(fd)
+        check(f"binding {target.decode()} into the view", bound)
+    root = os.geteuid() == 0
+    for target, rdev in plan["devices"]:  # type: ignore[attr-defined]
+        if root:
+            os.mknod(target, stat.S_IFCHR | 0o666, rdev)
+            continue  # a user namespace may not make devices: bind the host's
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        host = target[len(stage) :]
+        check(f"binding {host.decode()}", mount(host, target, None, _MS_BIND, None))
+    pts, shm = stage + b"/dev/pts", stage + b"/dev/shm"
+    options = b"newinstance,ptmxmode=0666,mode=0620"
+    check("mounting /dev/pts", mount(b"devpts", pts, b"devpts", flags | _MS_NOEXEC, options))
+    check("mounting /dev/shm", mount(b"shm", shm, b"tmpfs", flags | _MS_NODEV, plan["shm"]))  # type: ignore[arg-type]
+    for target, path in plan["links"]:  # type: ignore[attr-defined]
+        os.symlink(target, path)
+    os.chroot(_STAGE)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise OSError(exc.errno, f"confinement: the working directory {cwd!r} is outside "
+                      "what the harness may reach") from None  # fmt: skip
+    if prepared.ruleset_fd >= 0 and prepared._handled_fs:
+        handled = prepared._handled_fs
+        _add_path(libc, prepared.ruleset_fd, "/dev/pts", _FS_DEVICE & handled)
+        _add_path(libc, prepared.ruleset_fd, "/dev/shm", handled & ~_FS_IOCTL_DEV)
+
+
 def _filter_program(machine: str) -> bytes:
     """The seccomp filter of :data:`SECCOMP_WHY` for ``machine``, built once."""
     cached = _cache.get(f"bpf:{machine}")
@@ -399,6 +626,7 @@ def _filter_program(machine: str) -> bytes:
     # fmt: off
     code += [
         (_JEQ, nrs["socket"], "socket", 0), (_JEQ, nrs["clone"], "clone", 0),
+        (_JEQ, nrs["ioctl"], "ioctl", 0),
         (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0), (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
         (_JEQ, nrs["sendmmsg"], "flags_in_arg3", "allow"),
         "socket", (_LD_W_ABS, _ARG0),
@@ -408,6 +636,8 @@ def _filter_program(machine: str) -> bytes:
         (_JEQ, _SOCK_STREAM, 0, "eperm"),
         (_LD_W_ABS, _ARG2), (_JEQ, 0, "allow", 0), (_JEQ, _IPPROTO_TCP, "allow", "eperm"),
         "clone", (_LD_W_ABS, _ARG0), (_JSET, _CLONE_NEW, "eperm", "allow"),
+        "ioctl", (_LD_W_ABS, _ARG1),
+        (_JEQ, _TIOCSTI, "eperm", 0), (_JEQ, _TIOCLINUX, "eperm", "allow"),
         "flags_in_arg2", (_LD_W_ABS, _ARG2), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
         "flags_in_arg3", (_LD_W_ABS, _ARG3), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
         "allow", (_RET, _RET_ALLOW), "eperm", (_RET, _RET_ERRNO | _EPERM),
@@ -439,9 +669,11 @@ def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:
 def apply(prepared: Prepared) -> None:
     """Confine the calling process (in the forked child, just before ``execve``).
 
-    Sets no_new_privs; drops capabilities (``drop_caps``; first, while CAP_SETPCAP is
-    held); enforces the Landlock ruleset (it needs no_new_privs); loads the seccomp
-    filter last, so it filters none of these calls. Irreversible.
+    With a view, first moves into a mount namespace of its own and makes the view its
+    root (:func:`prepare`'s ``view``). Then sets no_new_privs; drops capabilities
+    (``drop_caps``; first, while CAP_SETPCAP is held); enforces the Landlock ruleset (it
+    needs no_new_privs); loads the seccomp filter last, so it filters none of these
+    calls. Irreversible.
 
     Raises:
         ValueError: ``prepared`` was closed.
@@ -451,6 +683,8 @@ def apply(prepared: Prepared) -> None:
     if prepared.closed:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
+    if prepared.view is not None:
+        _enter_view(prepared)
     libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)
