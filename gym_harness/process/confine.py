@@ -148,8 +148,10 @@ _NUMBERS = {
     "add_key": (248, 217), "request_key": (249, 218), "seccomp": (317, 277),
 }
 #: Policy keys and what each holds (None or absent: that layer is not asked for).
-_POLICY = {"read": str, "write": str, "devices": str, "connect": int, "bind": int,
-           "scope": bool, "seccomp": bool, "drop_caps": bool, "view": bool, "shm_mb": "size"}
+_POLICY: dict[str, type | str] = {
+    "read": str, "write": str, "devices": str, "connect": int, "bind": int,
+    "scope": bool, "seccomp": bool, "drop_caps": bool, "view": bool, "shm_mb": "size",
+}
 # fmt: on
 #: os.uname().machine -> (AUDIT_ARCH_*, its column in _NUMBERS).
 _ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
@@ -445,7 +447,7 @@ def _check_policy(policy: object) -> None:
             raise ValueError(f"confinement policy: unknown key {key!r}; known: {list(_POLICY)}")
         if value is not None and not _valid(value, kind):
             raise ValueError(f"confinement policy: {key} must be {_WANTED[kind]}, not {value!r}")
-    if policy.get("view") and not policy.get("read"):  # type: ignore[attr-defined]
+    if policy.get("view") and not policy.get("read"):
         raise ValueError("confinement policy: view needs read (the paths the view shows)")
 
 
@@ -596,7 +598,7 @@ def _enter_view(prepared: Prepared) -> None:
     pts, shm = stage + b"/dev/pts", stage + b"/dev/shm"
     options = b"newinstance,ptmxmode=0666,mode=0620"
     check("mounting /dev/pts", mount(b"devpts", pts, b"devpts", flags | _MS_NOEXEC, options))
-    check("mounting /dev/shm", mount(b"shm", shm, b"tmpfs", flags | _MS_NODEV, plan["shm"]))  # type: ignore[arg-type]
+    check("mounting /dev/shm", mount(b"shm", shm, b"tmpfs", flags | _MS_NODEV, plan["shm"]))
     for target, path in plan["links"]:  # type: ignore[attr-defined]
         os.symlink(target, path)
     os.chroot(_STAGE)
@@ -607,6 +609,7 @@ def _enter_view(prepared: Prepared) -> None:
                       "what the harness may reach") from None  # fmt: skip
     if prepared.ruleset_fd >= 0 and prepared._handled_fs:
         handled = prepared._handled_fs
+        _add_path(libc, prepared.ruleset_fd, "/dev", _FS_READ & handled)  # all of it is ours
         _add_path(libc, prepared.ruleset_fd, "/dev/pts", _FS_DEVICE & handled)
         _add_path(libc, prepared.ruleset_fd, "/dev/shm", handled & ~_FS_IOCTL_DEV)
 

@@ -178,6 +178,9 @@ def policy(
     """
     tier = spec.sandbox
     out: dict[str, Any] = {"memory_mb": spec.memory_limit_mb, "processes": spec.max_processes}
+    if reach is not None and spec.max_workspace_bytes is not None:
+        paths = [reach.workspace, reach.home, reach.tmp]
+        out.update(disk_bytes=spec.max_workspace_bytes, disk_paths=paths)
     if tier == "off" or reach is None:
         return out
     kernel = _kernel()
