@@ -165,34 +165,6 @@ def attempt(cmd: dict[str, object]) -> str:
     raise ValueError(f"unknown attempt {what!r}")
 
 
-def _checked(result: int, done: str) -> str:
-    if result != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    return done
-
-
-def emit(obj: dict[str, object]) -> None:
-    os.write(1, (json.dumps(obj) + "\n").encode())
-
-
-def main() -> None:
-    emit({"type": "ready"})
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg.get("type") != "message":
-            continue
-        try:
-            result = {"ok": True, "detail": attempt(json.loads(str(msg["content"])))}
-        except Exception as exc:  # the denial is the answer
-            result = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
-        emit({"type": "turn_complete", "response": json.dumps(result), "done": False})
-
-
-if __name__ == "__main__":
-    main()
-
-
 def _unix_scan() -> str:
     """Connect to every pathname unix socket any readable ``/proc/*/net/unix`` lists."""
     paths: set[str] = set()
@@ -221,3 +193,31 @@ def _unix_scan() -> str:
     if not reached:
         raise PermissionError(f"none of {len(paths)} listed sockets answered")
     return " ".join(reached)
+
+
+def _checked(result: int, done: str) -> str:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return done
+
+
+def emit(obj: dict[str, object]) -> None:
+    os.write(1, (json.dumps(obj) + "\n").encode())
+
+
+def main() -> None:
+    emit({"type": "ready"})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("type") != "message":
+            continue
+        try:
+            result = {"ok": True, "detail": attempt(json.loads(str(msg["content"])))}
+        except Exception as exc:  # the denial is the answer
+            result = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+        emit({"type": "turn_complete", "response": json.dumps(result), "done": False})
+
+
+if __name__ == "__main__":
+    main()
