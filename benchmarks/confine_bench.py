@@ -2,7 +2,8 @@
 
 ``gym_harness/process/confine.py`` is loaded by file path, as the keeper loads it. The
 policy is a keeper's: the system read-only, a workspace, a home and a TMPDIR writable,
-the terminal devices, three TCP ports, scope, seccomp and (as root) dropped capabilities.
+the devices by name, three TCP ports, scope, seccomp, (as root) dropped capabilities, and
+the mount namespace that shows the harness only those paths, where the kernel offers it.
 
 * prepare: one call in this process (open the paths, build the ruleset; the seccomp
   program is built once per process and reused), then ``close``.
@@ -49,7 +50,7 @@ def keeper_policy(confine: ModuleType, scratch: Path) -> dict[str, object]:
     policy: dict[str, object] = {
         "read": read,
         "write": [str(folder) for folder in writable],
-        "devices": ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty", "/dev/pts", "/dev/ptmx"],
+        "devices": list(confine.VIEW_DEVICES),
         "seccomp": bool(offered["seccomp"]),
         "drop_caps": os.geteuid() == 0,
     }
@@ -57,6 +58,8 @@ def keeper_policy(confine: ModuleType, scratch: Path) -> dict[str, object]:
         policy["connect"] = [40001, 40002, 40003]
     if offered["scope"]:
         policy["scope"] = True
+    if not offered["view"]:  # "" when a mount namespace can be made here
+        policy.update(view=True, shm_mb=512)
     return policy
 
 
