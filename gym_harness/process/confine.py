@@ -54,6 +54,10 @@ from __future__ import annotations
 import os
 import stat  # already loaded by os
 
+TYPE_CHECKING = False  # no typing import at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "VIEW_DEVICES", "Prepared", "apply",
            "bring_loopback_up", "prepare", "probe"]  # fmt: skip
 
@@ -71,7 +75,7 @@ _NET_BIND_TCP, _NET_CONNECT_TCP, _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1
 
 # prctl, capabilities, network interfaces, errno.
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
-_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _PR_SET_DUMPABLE = 22, 2, 4
 _CAP_VERSION_3, _CAP_SETPCAP = 0x20080522, 8
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
@@ -255,40 +259,42 @@ def _seccomp_available() -> bool:
 
 def _namespace_checks() -> tuple[str, str]:
     """Whether a network namespace, and a mount namespace with a view, can be made here:
-    "" for each that can, else why not (one forked child tries both)."""
+    "" for each that can, else why not (a forked child tries each)."""
+    libc = _libc()
+
+    def netns() -> None:
+        if libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET):
+            raise OSError(libc.ctypes.get_errno() or 1, "unshare")
+
+    def view() -> None:
+        _enter_mount_namespace(libc)
+        libc.check("mount tmpfs", libc.mount(b"none", _STAGE.encode(), b"tmpfs", 0, None))
+
+    return _in_child(netns), _in_child(view)
+
+
+def _in_child(check: Callable[[], None]) -> str:
+    """Run ``check`` in a forked child: "" if it returned, else why not."""
     import time
 
-    libc = _libc()
-    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # only calls into the libc already loaded, then leaves
-        os.close(read_end)
-        failed = libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        codes = [(libc.ctypes.get_errno() or 1) if failed else 0, 0]
         try:
-            _enter_mount_namespace(libc)
-            libc.check("mount tmpfs", libc.mount(b"none", _STAGE.encode(), b"tmpfs", 0, None))
+            check()
         except OSError as exc:
-            codes[1] = exc.errno or 1
-        os.write(write_end, f"{codes[0]} {codes[1]}".encode())
+            os._exit(exc.errno or 1)
+        except BaseException:
+            os._exit(1)
         os._exit(0)
-    os.close(write_end)
     deadline = time.monotonic() + _NETNS_WAIT_S
     while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
         time.sleep(0.001)
     if not done[0]:
         os.kill(pid, 9)
         done = os.waitpid(pid, 0)
-    report = os.read(read_end, 64).split()
-    os.close(read_end)
     code = os.waitstatus_to_exitcode(done[1])
-    if len(report) != 2 or code:
-        why = f"the check ended by signal {-code}" if code < 0 else "the check failed"
-        return why, why
-    net, mnt = (int(number) for number in report)
-    netns = f"needs root or unprivileged user namespaces: {os.strerror(net)}" if net else ""
-    view = f"needs root or unprivileged user namespaces: {os.strerror(mnt)}" if mnt else ""
-    return netns, view
+    why = os.strerror(code) if code > 0 else f"the check ended by signal {-code}"
+    return "" if code == 0 else f"needs root or unprivileged user namespaces: {why}"
 
 
 def _enter_mount_namespace(libc: _Libc, shared: bool = True) -> None:
@@ -299,6 +305,9 @@ def _enter_mount_namespace(libc: _Libc, shared: bool = True) -> None:
         libc.check("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
     else:
         uid, gid = os.geteuid(), os.getegid()
+        # The keeper is not dumpable, so its child's /proc/self files are root's: it
+        # could not write its own maps. The child is about to exec the harness anyway.
+        libc.check("PR_SET_DUMPABLE", libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0))
         both = libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
         libc.check("unshare(CLONE_NEWUSER|CLONE_NEWNS)", both)
         for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
