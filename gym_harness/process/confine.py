@@ -56,7 +56,7 @@ import stat  # already loaded by os
 
 TYPE_CHECKING = False  # no typing import at run time
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 __all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "VIEW_DEVICES", "Prepared", "apply",
            "bring_loopback_up", "prepare", "probe"]  # fmt: skip
@@ -342,7 +342,7 @@ class Prepared:
         seccomp: Whether :func:`apply` loads the seccomp filter.
         drop_caps: Whether :func:`apply` drops every capability.
         view: What :func:`apply` mounts in the child's own mount namespace (``binds``:
-            ``(source, target, is_dir)``; ``links``: ``(path, target)``; ``shm_mb``), or
+            ``(source, target)`` directories; ``links``: ``(path, target)``; ``shm_mb``), or
             None for no mount namespace.
         closed: Whether :meth:`close` ran.
     """
@@ -501,26 +501,28 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
 def _view_plan(policy: dict[str, object]) -> dict[str, object]:
     """What the child mounts, as ready-made arguments: each granted path's real directory
     bound at its own path (none beneath another, none in ``/dev``), the links on the way
-    to each re-made, and the granted devices of :data:`VIEW_DEVICES` by name."""
-    paths = [*(policy.get("read") or ()), *(policy.get("write") or ())]  # type: ignore[misc]
-    roots: list[str] = []
-    for real in sorted({os.path.realpath(path) for path in paths if os.path.exists(path)}):
-        if real in ("/", "/dev") or real.startswith("/dev/"):
-            continue  # the view's own /dev holds the devices by name
-        if not any(real.startswith(root + "/") for root in roots):
-            roots.append(real)
-    links: dict[str, str] = {}
-    for path in paths:
-        _mirror(os.path.abspath(path), roots, links, 0)
-    granted = set(policy.get("devices") or ())  # type: ignore[call-overload]
-    devices = []
-    for device in VIEW_DEVICES:
-        try:
-            found = os.stat(device) if device in granted else None
-        except OSError:
-            continue
-        if found is not None and stat.S_ISCHR(found.st_mode):
-            devices.append((device, found.st_rdev))
+    to each re-made, and the granted devices of :data:`VIEW_DEVICES` by name.
+
+    What the read-only paths and the devices make is found once per set of them (they are
+    the same for every episode); the writable paths (an episode's own) are added each time.
+    """
+    read: tuple[str, ...] = tuple(policy.get("read") or ())  # type: ignore[arg-type]
+    granted: tuple[str, ...] = tuple(policy.get("devices") or ())  # type: ignore[arg-type]
+    key = f"view:{read!r}:{granted!r}"
+    cached = _cache.get(key)
+    if not isinstance(cached, tuple):
+        roots, links = _roots([], read)
+        devices = []
+        for device in VIEW_DEVICES:
+            try:
+                found = os.stat(device) if device in granted else None
+            except OSError:
+                continue
+            if found is not None and stat.S_ISCHR(found.st_mode):
+                devices.append((device, found.st_rdev))
+        cached = _cache[key] = (roots, links, devices, _shared_mounts())
+    roots, links, devices, shared = cached
+    roots, links = _roots(roots, policy.get("write") or (), dict(links))  # type: ignore[arg-type]
     dirs: list[str] = ["/dev", "/dev/pts", "/dev/shm"]
     for path in [*roots, *(os.path.dirname(p) for p in [*links, *(d for d, _ in devices)])]:
         _add_dirs(path, dirs, last=path in roots)
@@ -528,12 +530,35 @@ def _view_plan(policy: dict[str, object]) -> dict[str, object]:
     shm_mb = policy.get("shm_mb")
     return {
         "dirs": [stage + d.encode() for d in dirs],
-        "binds": [(root.encode(), stage + root.encode(), os.path.isdir(root)) for root in roots],
+        "binds": [(root.encode(), stage + root.encode()) for root in roots],
         "devices": [(stage + d.encode(), rdev) for d, rdev in devices],
         "links": [(to.encode(), stage + at.encode()) for at, to in (*links.items(), *_DEV_LINKS)],
         "shm": f"mode=1777,size={shm_mb}m".encode() if shm_mb else b"mode=1777",
-        "shared": _shared_mounts(),
+        "shared": shared,
     }
+
+
+def _roots(
+    roots: list[str], paths: Sequence[str], links: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """``roots`` with the real directories of ``paths`` that exist (none beneath another,
+    none in ``/dev``), and ``links`` with the links on the way to each of ``paths``."""
+    found = set(roots)
+    for path in paths:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real):  # a file: its directory is bound (Landlock grants it alone)
+            real = os.path.dirname(real) if os.path.exists(real) else "/"
+        if real in ("/", "/dev") or real.startswith("/dev/"):
+            continue  # the view's own /dev holds the devices by name
+        found.add(real)
+    kept: list[str] = []
+    for real in sorted(found):
+        if not any(real.startswith(root + "/") for root in kept):
+            kept.append(real)
+    links = {} if links is None else links
+    for path in paths:
+        _mirror(os.path.abspath(path), kept, links, 0)
+    return kept, links
 
 
 def _add_dirs(path: str, dirs: list[str], last: bool) -> None:
@@ -580,9 +605,9 @@ def _enter_view(prepared: Prepared) -> None:
     cwd = os.getcwd()
     _enter_mount_namespace(libc, bool(plan["shared"]))
     opened = []
-    for source, target, is_dir in plan["binds"]:  # type: ignore[attr-defined]
+    for source, target in plan["binds"]:  # type: ignore[attr-defined]
         try:
-            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target, is_dir))
+            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target))
         except OSError:
             continue  # gone since the plan: nothing to show
     stage, flags = _STAGE.encode(), _MS_NOSUID
@@ -590,9 +615,7 @@ def _enter_view(prepared: Prepared) -> None:
     check("mounting the view", mount(b"gym_harness", stage, b"tmpfs", flags, b"mode=0755"))
     for path in plan["dirs"]:  # type: ignore[attr-defined]
         os.mkdir(path, 0o755)
-    for fd, target, is_dir in opened:
-        if not is_dir:
-            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for fd, target in opened:
         bound = mount(b"/proc/self/fd/%d" % fd, target, None, _MS_BIND | _MS_REC, None)
         os.close(fd)
         check(f"binding {target.decode()} into the view", bound)
