@@ -22,8 +22,10 @@ keeper's child between fork and exec (``gym_harness.process.confine``):
 * **Processes** (Landlock scoping, 6.12+; Landlock's own ptrace rule): no signal to and no
   ptrace of anything outside the harness's own tree, so ``/proc/<env pid>/environ`` is
   unreadable; no capabilities, no new privileges; the seccomp filter of ``confine``.
-* **Resources** (``memory_limit_mb``, ``max_processes``): the keeper's watch, and the
-  cgroup's ``memory.max`` / ``pids.max`` where its controllers are delegated.
+* **Resources** (``memory_limit_mb``, ``max_processes``, ``max_workspace_bytes``): the
+  keeper's watch (memory counts memory files held and the view's ``/dev/shm`` too; the
+  disk is the episode's workspace, home and tmp), and the cgroup's ``memory.max`` /
+  ``pids.max`` where its controllers are delegated.
 
 ``report`` says which layers hold here; ``"auto"`` logs what is missing once.
 """
