@@ -56,7 +56,8 @@ import stat  # already loaded by os
 
 TYPE_CHECKING = False  # no typing import at run time
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
+    from typing import Any
 
 __all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "VIEW_DEVICES", "Prepared", "apply",
            "bring_loopback_up", "prepare", "probe"]  # fmt: skip
@@ -79,86 +80,43 @@ _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _PR_SET_DUMPABLE = 22, 2, 4
 _CAP_VERSION_3, _CAP_SETPCAP = 0x20080522, 8
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
-# mount(2) flags, umount2, pivot_root (x86_64, aarch64).
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
-#: Where the child builds its view (any directory: a tmpfs covers it in its own namespace).
-_STAGE = "/tmp"
 #: The character devices a view's ``/dev`` holds, when the policy grants them.
 VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-#: Links a view's ``/dev`` always holds (what ``/dev`` has on every Linux).
-_DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
-              ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"),
-              ("/dev/ptmx", "pts/ptmx"))  # fmt: skip
-_MAX_LINKS = 40  # links followed while mirroring one path (the kernel's own bound)
-_EPERM, _EINVAL, _ENOSYS, _EOPNOTSUPP = 1, 22, 38, 95
 
-# seccomp BPF (linux/filter.h, linux/seccomp.h). struct seccomp_data: nr, arch, then
-# args[i] at 16 + 8 i, of which the filter reads the low 32 bits (little-endian).
-_LD_W_ABS, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
-_NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40
-_RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-_SECCOMP_GET_ACTION_AVAIL, _X32_BIT = 2, 0x40000000
-_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _SOCK_STREAM, _IPPROTO_TCP = 1, 2, 10, 16, 1, 6
-_MSG_FASTOPEN = 0x20000000
-_CLONE_NEW = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET (NEWTIME: clone3)
+# The seccomp filter (seccomp.py beside this file, loaded by its path as we are).
+_RET_KILL_PROCESS, _SECCOMP_GET_ACTION_AVAIL, _EINVAL, _EOPNOTSUPP = 0x80000000, 2, 22, 95
 
-#: Why the seccomp filter refuses each call (space-separated names, then the answer and
-#: its reason). Every other call is allowed; another architecture's calls kill the
-#: process (their numbers mean other calls), and x32 numbers on x86_64 get EPERM.
-SECCOMP_WHY: tuple[tuple[str, str], ...] = (
-    ("socket", "EPERM unless AF_UNIX, AF_NETLINK, or AF_INET/AF_INET6 SOCK_STREAM with "
-     "protocol 0 or IPPROTO_TCP: no UDP, ICMP, raw or packet socket (Landlock covers TCP "
-     "only), no MPTCP or SCTP (they pass its TCP rules), no other family (vsock reaches a "
-     "VM's host; AF_ALG, RDS ... are kernel attack surface)"),
-    ("sendto sendmsg sendmmsg", "EPERM with MSG_FASTOPEN: a TCP connect Landlock misses"),
-    ("ioctl", "EPERM for TIOCSTI and TIOCLINUX: typing input into a terminal (any terminal "
-     "the harness holds, its own included) runs commands as whoever reads it"),
-    ("clone", "EPERM with a CLONE_NEW* flag: a user namespace hands back every capability"),
-    ("clone3", "ENOSYS: its flags sit in memory a filter cannot read; libc falls back to "
-     "clone, as in containers"),
-    ("unshare setns", "EPERM: namespaces, as for clone"),
-    ("ptrace process_vm_readv process_vm_writev", "EPERM: reading or steering other "
-     "processes, inside the sandbox too (Landlock covers those outside it)"),
-    ("bpf perf_event_open userfaultfd", "EPERM: kernel attack surface no harness needs"),
-    ("io_uring_setup io_uring_enter io_uring_register", "EPERM: io_uring opens files and "
-     "sockets where seccomp never sees them"),
-    ("mount umount2 pivot_root move_mount open_tree open_tree_attr fsopen fsconfig "
-     "fsmount fspick mount_setattr", "EPERM: the tree stays the one Landlock's rules see"),
-    ("kexec_load kexec_file_load init_module finit_module delete_module", "EPERM: kernel code"),
-    ("keyctl add_key request_key", "EPERM: keyrings are per user, shared with every "
-     "process of the uid, sandboxed or not"),
-)  # fmt: skip
+
+def _sibling(name: str) -> Any:
+    """``NAME.py`` beside this file, loaded by its path once (as the keeper loads us)."""
+    module = _cache.get(f"module:{name}")
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_gym_harness_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = _cache[f"module:{name}"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+_cache: dict[str, object] = {}
+_seccomp = _sibling("seccomp")
+#: Why the seccomp filter refuses each call (``seccomp.SECCOMP_WHY``).
+SECCOMP_WHY: tuple[tuple[str, str], ...] = _seccomp.SECCOMP_WHY
 #: The calls the seccomp filter refuses (some only with the arguments SECCOMP_WHY names).
-SECCOMP_DENIED: tuple[str, ...] = tuple(" ".join(names for names, _ in SECCOMP_WHY).split())
-_BY_ARGUMENT = ("socket", "sendto", "sendmsg", "sendmmsg", "clone", "clone3", "ioctl")
-_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+SECCOMP_DENIED: tuple[str, ...] = _seccomp.SECCOMP_DENIED
+_NUMBERS: dict[str, tuple[int, int]] = _seccomp.NUMBERS
+_ARCHES: dict[str, tuple[int, int]] = _seccomp.ARCHES
 
 # fmt: off
-#: Syscall numbers (x86_64, aarch64); from io_uring (425) on both tables agree.
-_NUMBERS = {
-    "ioctl": (16, 29), "socket": (41, 198), "sendto": (44, 206), "sendmsg": (46, 211),
-    "sendmmsg": (307, 269),
-    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268),
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427), "mount": (165, 40), "umount2": (166, 39),
-    "pivot_root": (155, 41), "move_mount": (429, 429), "open_tree": (428, 428),
-    "open_tree_attr": (467, 467), "fsopen": (430, 430), "fsconfig": (431, 431),
-    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
-    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
-    "finit_module": (313, 273), "delete_module": (176, 106), "keyctl": (250, 219),
-    "add_key": (248, 217), "request_key": (249, 218), "seccomp": (317, 277),
-}
 #: Policy keys and what each holds (None or absent: that layer is not asked for).
 _POLICY: dict[str, type | str] = {
     "read": str, "write": str, "devices": str, "connect": int, "bind": int,
     "scope": bool, "seccomp": bool, "drop_caps": bool, "view": bool, "shm_mb": "size",
 }
 # fmt: on
-#: os.uname().machine -> (AUDIT_ARCH_*, its column in _NUMBERS).
-_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 _WANTED = {
     str: "a list of absolute paths",
     int: "a list of TCP ports",
@@ -166,7 +124,6 @@ _WANTED = {
     "size": "a positive int (MiB)",
 }
 _NETNS_WAIT_S = 5.0
-_cache: dict[str, object] = {}
 
 
 class _Libc:
@@ -267,8 +224,7 @@ def _namespace_checks() -> tuple[str, str]:
             raise OSError(libc.ctypes.get_errno() or 1, "unshare")
 
     def view() -> None:
-        _enter_mount_namespace(libc)
-        libc.check("mount tmpfs", libc.mount(b"none", _STAGE.encode(), b"tmpfs", 0, None))
+        _sibling("view").check(libc)
 
     return _in_child(netns), _in_child(view)
 
@@ -295,40 +251,6 @@ def _in_child(check: Callable[[], None]) -> str:
     code = os.waitstatus_to_exitcode(done[1])
     why = os.strerror(code) if code > 0 else f"the check ended by signal {-code}"
     return "" if code == 0 else f"needs root or unprivileged user namespaces: {why}"
-
-
-def _enter_mount_namespace(libc: _Libc, shared: bool = True) -> None:
-    """Give the calling (single-threaded) process a mount namespace of its own, in a user
-    namespace of its own when it is not root; mounts in it do not propagate out (with
-    ``shared``, some mount propagates: all are made private)."""
-    if os.geteuid() == 0:
-        libc.check("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
-    else:
-        uid, gid = os.geteuid(), os.getegid()
-        # The keeper is not dumpable, so its child's /proc/self files are root's: it
-        # could not write its own maps. The child is about to exec the harness anyway.
-        libc.check("PR_SET_DUMPABLE", libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0))
-        both = libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
-        libc.check("unshare(CLONE_NEWUSER|CLONE_NEWNS)", both)
-        for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
-                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-    if shared:
-        private = libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-        libc.check("making / private", private)
-
-
-def _shared_mounts() -> bool:
-    """Whether a mount of this process's namespace propagates (``shared:`` in mountinfo)."""
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            return b" shared:" in f.read()
-    except OSError:
-        return True
 
 
 class Prepared:
@@ -442,8 +364,8 @@ def prepare(policy: dict[str, object]) -> Prepared:
         except BaseException:
             os.close(ruleset)
             raise
-    program = _filter_program(machine) if seccomp else None
-    plan = _view_plan(policy) if view else None
+    program = _seccomp.program(machine, _cache) if seccomp else None
+    plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
     return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
 
 
@@ -498,207 +420,14 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
         os.close(fd)
 
 
-def _view_plan(policy: dict[str, object]) -> dict[str, object]:
-    """What the child mounts, as ready-made arguments: each granted path's real directory
-    bound at its own path (none beneath another, none in ``/dev``), the links on the way
-    to each re-made, and the granted devices of :data:`VIEW_DEVICES` by name.
-
-    What the read-only paths and the devices make is found once per set of them (they are
-    the same for every episode); the writable paths (an episode's own) are added each time.
-    """
-    read: tuple[str, ...] = tuple(policy.get("read") or ())  # type: ignore[arg-type]
-    granted: tuple[str, ...] = tuple(policy.get("devices") or ())  # type: ignore[arg-type]
-    key = f"view:{read!r}:{granted!r}"
-    cached = _cache.get(key)
-    if not isinstance(cached, tuple):
-        roots, links = _roots([], read)
-        devices = []
-        for device in VIEW_DEVICES:
-            try:
-                found = os.stat(device) if device in granted else None
-            except OSError:
-                continue
-            if found is not None and stat.S_ISCHR(found.st_mode):
-                devices.append((device, found.st_rdev))
-        cached = _cache[key] = (roots, links, devices, _shared_mounts())
-    roots, links, devices, shared = cached
-    roots, links = _roots(roots, policy.get("write") or (), dict(links))  # type: ignore[arg-type]
-    dirs: list[str] = ["/dev", "/dev/pts", "/dev/shm"]
-    for path in [*roots, *(os.path.dirname(p) for p in [*links, *(d for d, _ in devices)])]:
-        _add_dirs(path, dirs, last=path in roots)
-    stage = _STAGE.encode()
-    shm_mb = policy.get("shm_mb")
-    return {
-        "dirs": [stage + d.encode() for d in dirs],
-        "binds": [(root.encode(), stage + root.encode()) for root in roots],
-        "devices": [(stage + d.encode(), rdev) for d, rdev in devices],
-        "links": [(to.encode(), stage + at.encode()) for at, to in (*links.items(), *_DEV_LINKS)],
-        "shm": f"mode=1777,size={shm_mb}m".encode() if shm_mb else b"mode=1777",
-        "shared": shared,
-    }
-
-
-def _roots(
-    roots: list[str], paths: Sequence[str], links: dict[str, str] | None = None
-) -> tuple[list[str], dict[str, str]]:
-    """``roots`` with the real directories of ``paths`` that exist (none beneath another,
-    none in ``/dev``), and ``links`` with the links on the way to each of ``paths``."""
-    found = set(roots)
-    for path in paths:
-        real = os.path.realpath(path)
-        if not os.path.isdir(real):  # a file: its directory is bound (Landlock grants it alone)
-            real = os.path.dirname(real) if os.path.exists(real) else "/"
-        if real in ("/", "/dev") or real.startswith("/dev/"):
-            continue  # the view's own /dev holds the devices by name
-        found.add(real)
-    kept: list[str] = []
-    for real in sorted(found):
-        if not any(real.startswith(root + "/") for root in kept):
-            kept.append(real)
-    links = {} if links is None else links
-    for path in paths:
-        _mirror(os.path.abspath(path), kept, links, 0)
-    return kept, links
-
-
-def _add_dirs(path: str, dirs: list[str], last: bool) -> None:
-    """Append the directories to make for ``path`` (its ancestors; itself if ``last``)."""
-    parts = [part for part in path.split("/") if part]
-    for n in range(1, len(parts) + (1 if last else 0)):
-        here = "/" + "/".join(parts[:n])
-        if here not in dirs:
-            dirs.append(here)
-
-
-def _mirror(path: str, roots: list[str], links: dict[str, str], depth: int) -> None:
-    """Record the links on the way to ``path`` (up to where a bound root starts)."""
-    parts = [part for part in path.split("/") if part]
-    here = "/"
-    for n, name in enumerate(parts):
-        there = os.path.join(here, name)
-        if any(there == root or there.startswith(root + "/") for root in roots):
-            return  # the rest is the host's own, seen through the bind
-        try:
-            target = os.readlink(there)
-        except OSError:  # a directory (or nothing): go on
-            here = there
-            continue
-        links.setdefault(there, target)
-        if depth < _MAX_LINKS:
-            onward = os.path.normpath(os.path.join(here, target, *parts[n + 1 :]))
-            _mirror(onward, roots, links, depth + 1)
-        return
-
-
-def _enter_view(prepared: Prepared) -> None:
-    """Mount the view of ``prepared.view`` in a new mount namespace and ``chroot`` into it.
-
-    The view is a tmpfs: directories, the granted paths bound from the host, the devices
-    (made with ``mknod`` as root, bound otherwise), links, a new devpts instance and a
-    tmpfs for ``/dev/shm``. ``chroot`` rather than ``pivot_root``: the host's root stays
-    out of reach once the capabilities are gone (no ``chroot`` again, no mount call past
-    the seccomp filter, no descriptor open outside) and the spawn skips an unmount that
-    waits for an RCU grace period. The working directory is entered again in the view.
-    """
-    libc, plan = prepared._libc, prepared.view
-    assert plan is not None
-    cwd = os.getcwd()
-    _enter_mount_namespace(libc, bool(plan["shared"]))
-    opened = []
-    for source, target in plan["binds"]:  # type: ignore[attr-defined]
-        try:
-            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target))
-        except OSError:
-            continue  # gone since the plan: nothing to show
-    stage, flags = _STAGE.encode(), _MS_NOSUID
-    check, mount = libc.check, libc.mount
-    check("mounting the view", mount(b"gym_harness", stage, b"tmpfs", flags, b"mode=0755"))
-    for path in plan["dirs"]:  # type: ignore[attr-defined]
-        os.mkdir(path, 0o755)
-    for fd, target in opened:
-        bound = mount(b"/proc/self/fd/%d" % fd, target, None, _MS_BIND | _MS_REC, None)
-        os.close(fd)
-        check(f"binding {target.decode()} into the view", bound)
-    root = os.geteuid() == 0
-    for target, rdev in plan["devices"]:  # type: ignore[attr-defined]
-        if root:
-            os.mknod(target, stat.S_IFCHR | 0o666, rdev)
-            continue  # a user namespace may not make devices: bind the host's
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        host = target[len(stage) :]
-        check(f"binding {host.decode()}", mount(host, target, None, _MS_BIND, None))
-    pts, shm = stage + b"/dev/pts", stage + b"/dev/shm"
-    options = b"newinstance,ptmxmode=0666,mode=0620"
-    check("mounting /dev/pts", mount(b"devpts", pts, b"devpts", flags | _MS_NOEXEC, options))
-    check("mounting /dev/shm", mount(b"shm", shm, b"tmpfs", flags | _MS_NODEV, plan["shm"]))
-    for target, path in plan["links"]:  # type: ignore[attr-defined]
-        os.symlink(target, path)
-    os.chroot(_STAGE)
-    try:
-        os.chdir(cwd)
-    except OSError as exc:
-        raise OSError(exc.errno, f"confinement: the working directory {cwd!r} is outside "
-                      "what the harness may reach") from None  # fmt: skip
+def _add_view_rules(prepared: Prepared) -> None:
+    """Grant what the view made of its own (in the child, before the ruleset applies):
+    read its ``/dev``, use its terminals, and every file right in its ``/dev/shm``."""
     if prepared.ruleset_fd >= 0 and prepared._handled_fs:
-        handled = prepared._handled_fs
-        _add_path(libc, prepared.ruleset_fd, "/dev", _FS_READ & handled)  # all of it is ours
-        _add_path(libc, prepared.ruleset_fd, "/dev/pts", _FS_DEVICE & handled)
-        _add_path(libc, prepared.ruleset_fd, "/dev/shm", handled & ~_FS_IOCTL_DEV)
-
-
-def _filter_program(machine: str) -> bytes:
-    """The seccomp filter of :data:`SECCOMP_WHY` for ``machine``, built once."""
-    cached = _cache.get(f"bpf:{machine}")
-    if isinstance(cached, bytes):
-        return cached
-    audit_arch, column = _ARCHES[machine]
-    nrs = {name: numbers[column] for name, numbers in _NUMBERS.items()}
-    code: list[str | tuple[int | str, ...]] = [(_LD_W_ABS, _ARCH), (_JEQ, audit_arch, 0, "kill")]
-    code += [(_LD_W_ABS, _NR), (_JEQ, nrs["clone3"], "enosys", 0)]
-    if machine == "x86_64":
-        code.append((_JGE, _X32_BIT, "eperm", 0))
-    code += [(_JEQ, nrs[name], "eperm", 0) for name in SECCOMP_DENIED if name not in _BY_ARGUMENT]
-    # fmt: off
-    code += [
-        (_JEQ, nrs["socket"], "socket", 0), (_JEQ, nrs["clone"], "clone", 0),
-        (_JEQ, nrs["ioctl"], "ioctl", 0),
-        (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0), (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
-        (_JEQ, nrs["sendmmsg"], "flags_in_arg3", "allow"),
-        "socket", (_LD_W_ABS, _ARG0),
-        (_JEQ, _AF_UNIX, "allow", 0), (_JEQ, _AF_NETLINK, "allow", 0),
-        (_JEQ, _AF_INET, "inet", 0), (_JEQ, _AF_INET6, "inet", "eperm"),
-        "inet", (_LD_W_ABS, _ARG1), (_AND, 0xF),  # the type less SOCK_NONBLOCK/CLOEXEC
-        (_JEQ, _SOCK_STREAM, 0, "eperm"),
-        (_LD_W_ABS, _ARG2), (_JEQ, 0, "allow", 0), (_JEQ, _IPPROTO_TCP, "allow", "eperm"),
-        "clone", (_LD_W_ABS, _ARG0), (_JSET, _CLONE_NEW, "eperm", "allow"),
-        "ioctl", (_LD_W_ABS, _ARG1),
-        (_JEQ, _TIOCSTI, "eperm", 0), (_JEQ, _TIOCLINUX, "eperm", "allow"),
-        "flags_in_arg2", (_LD_W_ABS, _ARG2), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "flags_in_arg3", (_LD_W_ABS, _ARG3), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "allow", (_RET, _RET_ALLOW), "eperm", (_RET, _RET_ERRNO | _EPERM),
-        "enosys", (_RET, _RET_ERRNO | _ENOSYS), "kill", (_RET, _RET_KILL_PROCESS),
-    ]
-    # fmt: on
-    program = _cache[f"bpf:{machine}"] = _assemble(code)
-    return program
-
-
-def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:
-    """Pack ``(op, k[, jump_if_true, jump_if_false])`` (a jump: a label's str, or 0) as BPF."""
-    labels: dict[int | str, int] = {}
-    pc = 0
-    for item in code:
-        if isinstance(item, str):
-            labels[item] = pc
-        else:
-            pc += 1
-    pack, out = _libc().struct.pack, list[bytes]()
-    for item in code:
-        if not isinstance(item, str):
-            op, k, *jumps = item
-            offsets = [0 if to == 0 else labels[to] - len(out) - 1 for to in jumps or (0, 0)]
-            out.append(pack("HBBI", op, *offsets, k))
-    return b"".join(out)
+        libc, handled, ruleset = prepared._libc, prepared._handled_fs, prepared.ruleset_fd
+        _add_path(libc, ruleset, "/dev", _FS_READ & handled)  # all of it is ours
+        _add_path(libc, ruleset, "/dev/pts", _FS_DEVICE & handled)
+        _add_path(libc, ruleset, "/dev/shm", handled & ~_FS_IOCTL_DEV)
 
 
 def apply(prepared: Prepared) -> None:
@@ -719,7 +448,7 @@ def apply(prepared: Prepared) -> None:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
     if prepared.view is not None:
-        _enter_view(prepared)
+        _sibling("view").enter(libc, prepared.view, lambda: _add_view_rules(prepared))
     libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)
