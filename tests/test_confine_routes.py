@@ -276,3 +276,25 @@ def test_a_full_disk_at_reset_is_a_clear_error(tmp_path: Path) -> None:
             env.close()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_full_disk_at_a_fork_is_a_clear_error(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(small)], check=True)
+    old, tempfile.tempdir = tempfile.tempdir, str(small)
+    try:
+        tasks = [{"id": "big", "prompt": "p", "files": {"big.txt": "x" * (1200 << 10)}}]
+        env = escaper(tasks=tasks)
+        try:
+            env.reset()
+            assert attempt(env, "env", "HOME")[0]
+            full = r"(episode's directories|parent's workspace).*(No space left|disk .* is full)"
+            with pytest.raises(HarnessStartError, match=full):
+                HarnessEnv.of(env).fork()
+        finally:
+            env.close()
+    finally:
+        tempfile.tempdir = old
+        subprocess.run(["umount", "-l", str(small)], check=True)

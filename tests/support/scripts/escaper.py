@@ -207,7 +207,7 @@ def emit(obj: dict[str, object]) -> None:
 
 
 def main() -> None:
-    emit({"type": "ready"})
+    emit({"type": "ready", "fork": True})  # its state is all in its workspace and home
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("type") != "message":
