@@ -41,7 +41,7 @@ assert where.startswith(sys.prefix), f"gym_harness imported from {where}, not th
 print("sdist-tests: gym_harness", gym_harness.__version__, "from", where)
 '
 "$venv_python" -P -m pytest -m "not cli" -p no:cacheprovider \
-  tests/test_packaging.py tests/test_layout.py tests/test_cli.py tests/test_env.py \
-  tests/test_trajectory.py \
-  tests/test_values.py tests/test_outcome.py tests/test_parsers.py tests/test_spaces.py \
-  tests/test_json_bounds.py tests/test_tools.py
+  tests/project/test_packaging.py tests/project/test_layout.py tests/rollout/test_cli.py \
+  tests/env/test_env.py tests/records/test_trajectory.py tests/records/test_values.py \
+  tests/turn/test_outcome.py tests/utils/test_parsers.py tests/spaces/test_spaces.py \
+  tests/utils/test_json_bounds.py tests/bridge/test_tools.py

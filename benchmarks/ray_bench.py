@@ -46,7 +46,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    from gym_harness.rollout.ray import RayVectorEnv
+    from gym_harness.vector.ray import RayVectorEnv
 
     command = [sys.executable, str(AGENT), "echo", "--delay", str(args.delay)]
     ray.init(

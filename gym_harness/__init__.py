@@ -21,13 +21,6 @@ from gym_harness.bridge.tools import (
     resolve_tool_conflicts,
     tool_tags,
 )
-from gym_harness.capture.chat_format import (
-    exchange_messages,
-    exchange_records,
-    exchange_tools,
-    llm_exchanges,
-)
-from gym_harness.capture.records import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig, ProcessSpec, TurnLimits
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import (
@@ -45,7 +38,6 @@ from gym_harness.errors import (
     TurnTimeout,
     WorkerLost,
 )
-from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
 from gym_harness.harnesses.registry import HARNESSES, harness_class
@@ -53,11 +45,19 @@ from gym_harness.lifecycle import Lifecycle, Liveness
 from gym_harness.outcome import Outcome
 from gym_harness.process.harness_process import HarnessProcess, ProcessUsage
 from gym_harness.readiness import start_ready
+from gym_harness.records.chat_format import (
+    exchange_messages,
+    exchange_records,
+    exchange_tools,
+    llm_exchanges,
+)
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
+from gym_harness.records.exchanges import ModelExchange, SSEEvent, TokenLogprob, ToolCallRecord
+from gym_harness.records.training import record_trace
+from gym_harness.records.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
 from gym_harness.registration import register_envs
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks
-from gym_harness.traces import record_trace
-from gym_harness.trajectory import RewardContext, RewardFn, StepInfo, Trajectory, TurnRecord
 from gym_harness.vector.async_env import HarnessVectorEnv
 from gym_harness.vector.factory import make_vector_env
 

@@ -1,8 +1,11 @@
-"""HarnessConfig: how one harness process is started, fed and stopped.
+"""HarnessConfig: every setting of an env, in one frozen dataclass.
 
-A frozen dataclass, validated at construction, that pickles and round-trips
-JSON (``to_dict`` / ``from_dict``) so it can travel to vector-env workers and
-into episode records. Its parts go each to the one reader that needs them:
+A setting is a value (a number, a string, a path, a flag), never code: the env's
+components (the harness, its tools, the reward, the tasks, callbacks) are
+``HarnessEnv``'s own keywords, and every other keyword of ``HarnessEnv`` /
+``gymnasium.make`` is a field here. The config is validated at construction, pickles
+and round-trips JSON (``to_dict`` / ``from_dict``), so it can travel to vector-env
+workers and into episode records. Its parts go each to the one reader that needs them:
 ``process_spec()`` to ``HarnessProcess``, ``turn_limits()`` to the turn runner.
 """
 
@@ -12,7 +15,6 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import ConfigError
@@ -21,10 +23,11 @@ __all__ = [
     "DEFAULT_INHERIT_ENV",
     "SANDBOX_TIERS",
     "INTERRUPT_GRACE_S",
+    "MODES",
+    "MODEL_CALLS",
     "HarnessConfig",
     "ProcessSpec",
     "TurnLimits",
-    "check_env_options",
 ]
 
 #: Variables allowed through from our environment unless the config says otherwise.
@@ -43,6 +46,10 @@ DEFAULT_INHERIT_ENV: tuple[str, ...] = (
 DEFAULT_WORKSPACE_BYTES = 4 << 30
 #: The ``sandbox`` settings: use what the kernel offers, demand all of it, or none.
 SANDBOX_TIERS = ("auto", "strict", "off")
+#: The ``mode`` settings: a step is a user turn, or a step answers one model call.
+MODES = ("turns", "model")
+#: The ``model_calls`` settings: side calls get a short fixed answer, or every call is a step.
+MODEL_CALLS = ("main", "all")
 #: How long an interrupted turn may take to wind down, at most (and at most ``stop_grace_s``).
 INTERRUPT_GRACE_S = 1.0
 
@@ -122,7 +129,16 @@ class TurnLimits:
 
 @dataclass(frozen=True)
 class HarnessConfig:
-    """How to start, feed and stop one harness process.
+    """Every setting of an env: the harness process, its turns, tools, capture and mode.
+
+    ``HarnessEnv(..., KEY=VALUE)``, ``gymnasium.make(ID, KEY=VALUE)`` and ``gym-harness
+    --set KEY=VALUE`` all map onto these fields (a harness adapter starts from its own
+    ``default_config()``). The fields by concern: the process (``command`` to
+    ``max_line_bytes``, ``cgroup``), its turns (the ``*_timeout_s``), the episode's
+    directories (``workspace``, ``keep_workspace``, ``max_fork_bytes``), the env's tools
+    (``tool_prefix``, ``tool_timeout_s``, ``tool_workers``, ``max_mcp_sessions``), capture
+    (``capture`` to ``capture_tokens``), model mode (``mode``, ``policy_timeout_s``,
+    ``model_calls``) and confinement (``sandbox`` to ``connect_ports``).
 
     Args:
         command: The argv to start (a list of strings; never a shell string).
@@ -174,6 +190,23 @@ class HarnessConfig:
         max_fork_bytes: Most bytes of workspace and private home ``HarnessEnv.fork`` copies
             (a turn-mode fork copies both; README, "Forking"); a larger episode fails to
             fork with ``ForkUnsupported`` saying how much it holds. 1 GiB by default.
+        workspace: A directory copied into every episode's fresh workspace.
+        keep_workspace: Keep episode directories after the episode (for inspection).
+        tool_prefix: Prefix for env tools whose names clash with harness built-ins.
+        tool_timeout_s: A tool call running longer returns an error to the harness.
+        capture: Route the harness's model calls through a loopback ``ModelProxy``
+            that records every exchange as ``llm_request`` / ``llm_response`` events.
+        upstream: With ``capture``, the real API's origin (``https://api.example.com``,
+            ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
+            path); the harness (in ``mode="model"``, its side calls) goes to the proxy.
+        upstream_api_key_env: With ``capture``, the variable holding the real key; it
+            stays in this process (the harness gets a per-episode proxy token).
+        request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
+        mode: ``"turns"`` (a step is a user turn) or ``"model"`` (a step answers one model
+            call of the harness; see the README's "You are the model").
+        policy_timeout_s: In model mode, how long the policy may take to answer a call.
+        model_calls: In model mode, ``"main"`` (side calls get a short fixed answer) or
+            ``"all"`` (every model call is a step).
 
     Raises:
         ConfigError: A field has a value of the wrong type or out of range.
@@ -209,6 +242,17 @@ class HarnessConfig:
     readable_paths: Sequence[str] = ()
     connect_ports: Sequence[int] = ()
     max_fork_bytes: int = 1 << 30
+    workspace: str | None = None
+    keep_workspace: bool = False
+    tool_prefix: str = "env_"
+    tool_timeout_s: float = 120.0
+    capture: bool = False
+    upstream: str | None = None
+    upstream_api_key_env: str | None = None
+    request_logprobs: bool = False
+    mode: str = "turns"
+    policy_timeout_s: float = 600.0
+    model_calls: str = "main"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -232,8 +276,10 @@ class HarnessConfig:
                 f"{self.sandbox!r}; 'auto' confines as far as this kernel allows."
             )
         set_(self, "inherit_env", _str_tuple("inherit_env", self.inherit_env))
-        if self.cwd is not None and not isinstance(self.cwd, str):
-            set_(self, "cwd", _as_path_str("cwd", self.cwd))
+        for name in ("cwd", "workspace"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                set_(self, name, _as_path_str(name, value))
         if not isinstance(self.env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
         ):
@@ -242,7 +288,14 @@ class HarnessConfig:
                 "convert values with str() first."
             )
         set_(self, "env", dict(self.env))
-        for name in ("startup_timeout_s", "turn_timeout_s", "idle_timeout_s", "stop_grace_s"):
+        for name in (
+            "startup_timeout_s",
+            "turn_timeout_s",
+            "idle_timeout_s",
+            "stop_grace_s",
+            "tool_timeout_s",
+            "policy_timeout_s",
+        ):
             _positive(name, getattr(self, name))
         for name in ("episode_timeout_s", "reward_timeout_s"):
             if getattr(self, name) is not None:
@@ -266,11 +319,58 @@ class HarnessConfig:
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a positive int or None, got {value!r}."
                 )
-        for name in ("allow_plain_text", "cgroup", "capture_tokens"):
+        for name in (
+            "allow_plain_text",
+            "cgroup",
+            "capture_tokens",
+            "keep_workspace",
+            "capture",
+            "request_logprobs",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"HarnessConfig.{name} must be a bool, got {getattr(self, name)!r}."
                 )
+        for name in ("upstream", "upstream_api_key_env"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"HarnessConfig.{name} must be a str or None, got {value!r}.")
+        if not isinstance(self.tool_prefix, str):
+            raise ConfigError(f"HarnessConfig.tool_prefix must be a str, got {self.tool_prefix!r}.")
+        self._check_modes()
+
+    def _check_modes(self) -> None:
+        """Raise ``ConfigError`` saying what to fix in a bad mode, capture or upstream."""
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {list(MODES)}, got {self.mode!r}.")
+        if self.model_calls not in MODEL_CALLS:
+            raise ConfigError(
+                f"model_calls must be one of {list(MODEL_CALLS)}, got {self.model_calls!r}."
+            )
+        if self.mode == "model" and self.capture:
+            raise ConfigError(
+                'mode="model" serves the harness\'s model calls itself (they are recorded in '
+                "trajectory.calls): drop capture=True."
+            )
+        upstream = self.upstream
+        if self.captured and not (
+            isinstance(upstream, str) and upstream.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                f"capture=True (or upstream= with mode='model') needs "
+                f"upstream='http(s)://host[:port]' (the real API's origin), got {upstream!r}."
+            )
+        if self.capture_tokens and not self.captured:
+            raise ConfigError(
+                "capture_tokens=True asks the capture proxy's upstream for token ids: it needs "
+                "capture=True and upstream= (in mode='model' the policy's actions carry the ids)."
+            )
+
+    @property
+    def captured(self) -> bool:
+        """Whether a capture proxy runs: ``capture=True``, or model mode's side calls going
+        to an ``upstream``."""
+        return self.capture or (self.mode == "model" and self.upstream is not None)
 
     def process_spec(self) -> ProcessSpec:
         """Return the fields ``HarnessProcess`` reads (argv, environment, grace, caps)."""
@@ -366,33 +466,4 @@ def _positive(name: str, value: object) -> None:
     ):
         raise ConfigError(
             f"HarnessConfig.{name} must be a positive number of seconds, got {value!r}."
-        )
-
-
-def check_env_options(
-    *,
-    render_mode: str | None,
-    render_modes: list[str],
-    workspace: str | Path | None,
-    tool_timeout_s: float,
-    capture: bool,
-    upstream: str | None,
-    capture_tokens: bool = False,
-) -> None:
-    """Raise ``ConfigError`` saying what to fix in the first bad keyword, if any."""
-    if render_mode not in (None, *render_modes):
-        raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
-    if workspace is not None and not Path(workspace).is_dir():
-        raise ConfigError(f"workspace {str(workspace)!r} is not a directory.")
-    if tool_timeout_s <= 0:
-        raise ConfigError(f"tool_timeout_s must be > 0, got {tool_timeout_s!r}.")
-    if capture and not (isinstance(upstream, str) and upstream.startswith(("http://", "https://"))):
-        raise ConfigError(
-            f"capture=True (or upstream= with mode='model') needs upstream='http(s)://host[:port]' "
-            f"(the real API's origin), got {upstream!r}."
-        )
-    if capture_tokens and not capture:
-        raise ConfigError(
-            "capture_tokens=True asks the capture proxy's upstream for token ids: it needs "
-            "capture=True and upstream= (in mode='model' the policy's actions carry the ids)."
         )

@@ -28,26 +28,30 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 import gymnasium
 from gymnasium.error import ResetNeeded
 
-from gym_harness.config import FIELD_NAMES, check_env_options
+from gym_harness.config import FIELD_NAMES, HarnessConfig
 from gym_harness.errors import ConfigError, HarnessError
-from gym_harness.events import HarnessEvent, TurnResult
 from gym_harness.harnesses.base import EpisodeContext, Harness
 from gym_harness.harnesses.registry import make_harness
-from gym_harness.lifecycle import Lifecycle
+from gym_harness.lifecycle import Lifecycle, Liveness
+from gym_harness.modes.base import Episode, Mode, Recorder
+from gym_harness.modes.turns import TurnMode
 from gym_harness.outcome import Outcome
 from gym_harness.process.resources import EnvResources
+from gym_harness.records.events import HarnessEvent
+from gym_harness.records.trajectory import RewardFn, Trajectory, TurnRecord
 from gym_harness.spaces.text import UnicodeText
 from gym_harness.tasks import Task, load_tasks, pick_task
-from gym_harness.trajectory import RewardFn, Trajectory, TurnRecord
-from gym_harness.turn import TurnRunner, end_flags
+from gym_harness.turn import TurnRunner
 from gym_harness.usercode import CallbackGuard, TurnScorer, UserFnRunner, user_callable
 from gym_harness.utils.interrupts import interrupts_held
 
 if TYPE_CHECKING:
     from gym_harness.bridge.server import MCPBridge
     from gym_harness.capture.proxy import ModelProxy
+    from gym_harness.fork import Inherited
+    from gym_harness.harnesses.base import ForkOrigin
     from gym_harness.model.endpoint import EndpointConfig
-    from gym_harness.model.turns import ModelTurns, UserFn
+    from gym_harness.modes.model import UserFn
     from gym_harness.process.harness_process import HarnessProcess
 
 __all__ = ["HarnessEnv"]
@@ -68,29 +72,16 @@ class HarnessEnv(gymnasium.Env[str, str]):
         reward_fn: ``reward_fn(RewardContext) -> float``, run after every turn in
             this process (never reachable by the harness); or an import string.
         tasks: A list of task dicts or a JSONL path; ``reset`` picks one.
-        workspace: A directory copied into every episode's fresh workspace.
-        keep_workspace: Keep episode directories after the episode (for inspection).
         render_mode: ``"ansi"`` makes ``render()`` return the transcript.
         on_event: Called with each ``HarnessEvent`` as it arrives during a turn.
-        tool_prefix: Prefix for env tools whose names clash with harness built-ins.
-        tool_timeout_s: A tool call running longer returns an error to the harness.
-        capture: Route the harness's model calls through a loopback ``ModelProxy``
-            that records every exchange as ``llm_request`` / ``llm_response`` events.
-        upstream: With ``capture``, the real API's origin (``https://api.example.com``,
-            ``http://127.0.0.1:8000``: no ``/v1``, each adapter appends its API's own
-            path); the harness (in ``mode="model"``, its side calls) goes to the proxy.
-        upstream_api_key_env: With ``capture``, the variable holding the real key; it
-            stays in this process (the harness gets a per-episode proxy token).
-        request_logprobs: With ``capture``, ask Chat Completions upstreams for logprobs.
-        mode: ``"turns"`` (a step is a user turn) or ``"model"`` (a step answers one model
-            call of the harness; see the README's "You are the model").
-        policy_timeout_s: In model mode, how long the policy may take to answer a call.
-        model_calls: In model mode, ``"main"`` (side calls get a short fixed answer) or
-            ``"all"`` (every model call is a step).
         user_fn: In model mode, ``user_fn(trajectory) -> str | None`` at each turn's
             end: the next user message, or ``None`` to end the episode; or an import string.
-        **kwargs: Any ``HarnessConfig`` field (``turn_timeout_s=30``, ``command=[...]``); any
-            other keyword goes to the harness's constructor (``model=...``) given its name.
+        config: A whole ``HarnessConfig`` to start from instead of the harness's
+            ``default_config()``; keywords then change single fields of it.
+        **kwargs: Every setting is a ``HarnessConfig`` field (``turn_timeout_s=30``,
+            ``mode="model"``, ``capture=True``, ``workspace=...``, ``tool_timeout_s=...``:
+            the configuration reference lists them); any other keyword goes to the
+            harness's constructor (``model=...``) given its name.
 
     Raises:
         ConfigError: Bad configuration, an unknown keyword, or unreadable tasks.
@@ -112,20 +103,10 @@ class HarnessEnv(gymnasium.Env[str, str]):
         tools: Any = None,
         reward_fn: RewardFn | str | None = None,
         tasks: Sequence[Mapping[str, Any]] | str | Path | None = None,
-        workspace: str | Path | None = None,
-        keep_workspace: bool = False,
         render_mode: str | None = None,
         on_event: Callable[[HarnessEvent], None] | None = None,
-        tool_prefix: str = "env_",
-        tool_timeout_s: float = 120.0,
-        capture: bool = False,
-        upstream: str | None = None,
-        upstream_api_key_env: str | None = None,
-        request_logprobs: bool = False,
-        mode: str = "turns",
-        policy_timeout_s: float = 600.0,
-        model_calls: str = "main",
         user_fn: UserFn | str | None = None,
+        config: HarnessConfig | None = None,
         **kwargs: Any,
     ) -> None:
         self._spawn_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
@@ -133,25 +114,28 @@ class HarnessEnv(gymnasium.Env[str, str]):
         config_kwargs = {k: v for k, v in kwargs.items() if k in FIELD_NAMES}
         harness_kwargs = {k: v for k, v in kwargs.items() if k not in FIELD_NAMES}
         self.harness = make_harness(harness, harness_kwargs, type(self))
+        base = self.harness.default_config() if config is None else config
+        settings = base.replace(**config_kwargs)
         self._model_options: EndpointConfig | None = None
-        if mode != "turns":
-            from gym_harness.model.turns import model_options
+        if settings.mode == "model":
+            from gym_harness.modes.model import model_options
 
-            self._model_options = model_options(mode, capture, policy_timeout_s, model_calls)
+            self._model_options = model_options(
+                settings.mode, settings.capture, settings.policy_timeout_s, settings.model_calls
+            )
             self.harness = self.harness.for_model_mode()
-            capture = upstream is not None  # side calls then go upstream through the proxy
-        self.config = self.harness.default_config().replace(**config_kwargs)
+            if config is None:  # the model-mode adapter's own defaults, the keywords on top
+                settings = self.harness.default_config().replace(**config_kwargs)
+        self.config = settings
         self.harness.check_config(self.config)
-        self.harness.preflight(self.config, captured=capture or self._model_options is not None)
-        check_env_options(
-            render_mode=render_mode,
-            render_modes=self.metadata["render_modes"],
-            workspace=workspace,
-            tool_timeout_s=tool_timeout_s,
-            capture=capture,
-            upstream=upstream,
-            capture_tokens=self.config.capture_tokens,
+        self.harness.preflight(
+            self.config, captured=self.config.captured or self._model_options is not None
         )
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
+        workspace = self.config.workspace
+        if workspace is not None and not Path(workspace).is_dir():
+            raise ConfigError(f"workspace {workspace!r} is not a directory.")
         self.render_mode = render_mode
         self.tasks: tuple[Task, ...] = load_tasks(tasks)
         self.reward_fn: RewardFn | None = user_callable(reward_fn, "reward_fn")
@@ -161,21 +145,20 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._rewards = TurnScorer(self.config.reward_timeout_s)
         self._ended_why = ""
         self.lock = threading.Lock()
-        self._bridge_args = ([] if tools is None else tools, tool_prefix, tool_timeout_s)
-        self._owned = EnvResources(workspace, keep_workspace, self.config.sandbox)
+        self._tools = [] if tools is None else tools
+        self._owned = EnvResources(workspace, self.config.keep_workspace, self.config.sandbox)
         self._finalizer = weakref.finalize(self, self._owned.release, True)  # dropped, not closed
         self.observation_space = UnicodeText(MAX_TEXT)
         self.action_space = UnicodeText(MAX_TEXT)
         self._state = Lifecycle.NEW
         self._state_lock = threading.Lock()  # a closed env stays closed, whichever thread
         self._bridge: MCPBridge | None = None
-        self._capture = (upstream, upstream_api_key_env, request_logprobs) if capture else None
         self._proxy: ModelProxy | None = None
-        self._model: ModelTurns | None = None
+        self._mode: Mode = self._make_mode()  # what reset and step call, whichever the mode
+        self._signs_of_life: tuple[Liveness, ...] = ()  # the mode's servers, per episode
+        self._resume: ForkOrigin | None = None  # a fork's child: the session it resumes
         self._proc: HarnessProcess | None = None
         self._runner: TurnRunner | None = None
-        self._task: Task | None = None
-        self._startup_error: tuple[Outcome, str] = (Outcome.OK, "")
         self._episode_started = 0.0
         self.trajectory = Trajectory(episode_id="", harness=self.harness.name)
 
@@ -203,7 +186,6 @@ class HarnessEnv(gymnasium.Env[str, str]):
         task = pick_task(self.tasks, options or {}, self.np_random)
         episode_id = uuid.uuid4().hex[:12]
         ctx = self._prepare_episode(episode_id, task)
-        self._task = task
         self.trajectory = Trajectory(
             episode_id=episode_id,
             harness=self.harness.name,
@@ -213,12 +195,13 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self._episode_started = started
         self._become(Lifecycle.RUNNING)
         prompt = "" if task is None else task.prompt
-        events = self.trajectory.startup_events
         try:
-            self._startup_error = self._start_harness(ctx)
-            if self._model is not None:  # model mode: to the first call
-                runner = None if self._startup_error[0] else self._runner
-                prompt, events = self._model.begin(runner, prompt, events, self._budget())
+            startup_error = self._start_harness(ctx)
+            runner = None if startup_error[0] else self._runner
+            task_dict, dirs = None if task is None else task.to_dict(), self._owned.scored_dirs()
+            args = (startup_error, self.trajectory, self._budget(), task_dict, dirs, self._proxy)
+            episode = Episode(runner, *args)
+            opening = self._mode.start(episode, prompt, self.trajectory.startup_events)
         except BaseException as exc:
             self._abandon(f"reset() raised {type(exc).__name__} while the harness started")
             raise
@@ -226,12 +209,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
             self._owned.release()  # what this reset made after the close
             raise ConfigError("the env was closed during reset(); make a new env.")
         self.trajectory.reset_s = time.monotonic() - started
-        outcome, error = str(self._startup_error[0]), self._startup_error[1]
-        if self._model is not None and self._model.ended is not None and not outcome:
-            outcome, error = str(self._model.ended.error_type), self._model.ended.error
-        info = self._info(0, outcome, error, events, 0.0)
+        info = self._info(0, opening.error_type, opening.error, opening.events, 0.0)
         self._callbacks.raise_pending("the harness's startup (reset)")
-        return prompt, info
+        return opening.observation, info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Send ``action`` as one user message and return the harness's reply.
@@ -247,23 +227,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if not isinstance(action, str):
             raise TypeError(f"the action must be a str (one user message), got {type(action)!r}.")
         turn = len(self.trajectory.turns) + 1
-        started_at, start = time.time(), time.monotonic()
         try:
-            if self._model is not None:
-                from gym_harness.model.turns import Episode
-
-                episode = Episode(
-                    self._runner, self._startup_error, self.trajectory, self._budget(), self._record
-                )
-                reply, record = self._model.take_step(episode, action, turn, started_at, start)
-            else:
-                if self._startup_error[0] or self._runner is None:
-                    outcome, error = self._startup_error
-                    result = TurnResult(error_type=outcome, error=error)
-                else:
-                    result = self._runner.run(action, episode_deadline=self._budget())
-                record = self._record(turn, action, result, started_at, time.monotonic() - start)
-                reply = record.response
+            reply, record = self._mode.step(action)
         except BaseException as exc:
             # The turn did not finish: its reply may still come, so no later step may read on.
             self._abandon(f"step() for turn {turn} raised {type(exc).__name__} mid-turn")
@@ -338,10 +303,31 @@ class HarnessEnv(gymnasium.Env[str, str]):
         from gym_harness.fork import Parent, fork_episode
 
         self._check_running("fork()")
-        spawn = functools.partial(HarnessEnv, **self._spawn_args)  # user_fn= is the child's
-        parent = Parent(self.trajectory, spawn, self._runner, self._model, self._user_fn)
+        spawn = functools.partial(HarnessEnv._fork_child, self._spawn_args)
+        session = None if self._runner is None else self._runner.session
+        limit, held = self.config.max_fork_bytes, self._mode.held()
+        parent = Parent(self.trajectory, spawn, self.harness, session, limit, held, self._user_fn)
         child, obs, info = fork_episode(parent, self._owned.current, strict)
         return cast(HarnessEnv, child), obs, info
+
+    @classmethod
+    def _fork_child(
+        cls, spawn_args: Mapping[str, Any], inherited: Inherited
+    ) -> tuple[HarnessEnv, Callable[[float], None]]:
+        """A fork's child, made with what it inherits (``fork/`` calls this through the
+        ``spawn`` that ``fork`` hands it): an env configured as ``spawn_args`` say, with the
+        inherited ``user_fn``, whose first launch resumes ``inherited.origin`` if set. Returns
+        it and ``adopt(took)``, which makes its record the parent's so far."""
+        child = cls(**{**spawn_args, "user_fn": inherited.user_fn})
+        child._inherit(inherited)
+        return child, functools.partial(child._adopt, inherited)
+
+    def _inherit(self, inherited: Inherited) -> None:
+        self._resume = inherited.origin  # the next launch only: later episodes are its own
+
+    def _adopt(self, inherited: Inherited, took: float) -> None:
+        self.trajectory = inherited.record(self.trajectory, took)
+        self._mode.rebase(self.trajectory)
 
     def list_tools(self) -> list[Any]:
         """The env tools as the harness sees them (``ToolSpec``s, served names)."""
@@ -373,23 +359,18 @@ class HarnessEnv(gymnasium.Env[str, str]):
             if self.trajectory.episode_id:  # not the first episode: lock the old harness out
                 bridge.rotate_token()
             model_base_url = model_api_key = policy_timeout_s = None
-            if self._capture is not None:
+            if self.config.captured:
                 from gym_harness.capture.proxy import start_proxy
 
                 if self._proxy is None:
-                    self._proxy = self._owned.start(start_proxy, *self._capture, self.config)
+                    self._proxy = self._owned.start(start_proxy, self.config)
                 self._proxy.drain()  # exchanges of an earlier episode's last moments
                 model_base_url, model_api_key = self._proxy.base_url, self._proxy.rotate_token()
-            if self._model_options is not None:  # side calls go to the proxy, if any
-                from gym_harness.model.turns import ModelTurns
-
-                if self._model is None:  # started and owned, or neither
-                    user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
-                    serve, harness = ModelTurns.serve, self.harness
-                    self._model = self._owned.start(serve, harness, self._model_options, user_fn)
-                model_api_key = self._model.new_key(self._proxy)
-                model_base_url = self._model.endpoint.base_url
-                policy_timeout_s = self._model_options.policy_timeout_s
+            served = self._mode.serve(self._owned.start, self._proxy)  # model mode's endpoint
+            self._signs_of_life = () if served is None else (served.liveness,)
+            if served is not None:  # side calls go to the proxy, if any
+                model_base_url, model_api_key = served.base_url, served.api_key
+                policy_timeout_s = served.policy_timeout_s
             return EpisodeContext(
                 episode_id=episode_id,
                 workspace=workspace,
@@ -408,7 +389,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
             from gym_harness.bridge.server import MCPBridge
 
             names = self.harness.builtin_tools
-            bridge = MCPBridge.for_env(*self._bridge_args, names, self.config, self.lock)
+            bridge = MCPBridge.for_env(self._tools, names, self.config, self.lock)
             self._bridge = self._owned.own(bridge)  # owned before it starts: close() stops it
         return self._bridge
 
@@ -416,15 +397,15 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """Launch the harness; return ("", "") or (error_type, error) of a failed start."""
         from gym_harness.process.harness_process import HarnessProcess
 
-        launch = self.harness.launch(
-            ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace))
-        )
+        resume, self._resume = self._resume, None
+        harness = self.harness if resume is None else self.harness.forked(resume)
+        launch = harness.launch(ctx, self.config.replace(cwd=self.config.cwd or str(ctx.workspace)))
         config = launch.config
         self._owned.hold_keeper()  # one keeper for all episodes, not one per reset
         reach = self._owned.reach((ctx.bridge_url, ctx.model_base_url), launch)
         self._proc = self._owned.process = HarnessProcess(config.process_spec(), reach)
-        endpoint = None if self._model is None else self._model.endpoint
-        signs_of_life = tuple(s for s in (self._bridge, self._proxy, endpoint) if s is not None)
+        servers = (self._bridge, self._proxy, *self._signs_of_life)
+        signs_of_life = tuple(s for s in servers if s is not None)
         self._runner = TurnRunner(
             launch.session,
             self._proc,
@@ -451,21 +432,20 @@ class HarnessEnv(gymnasium.Env[str, str]):
         if self.on_event is not None:  # the guard does nothing without one (hot path)
             self._callbacks(self.on_event, event)  # never raises an Exception; see CallbackGuard
 
-    def _record(
-        self, turn: int, message: str, result: TurnResult, started_at: float, elapsed: float
-    ) -> TurnRecord:
-        """Record the turn in the trajectory, then score it (user code runs on a kept turn)."""
+    def _make_mode(self) -> Mode:
+        """The episode's driver for this env's mode, recording into one ``Recorder``."""
+        recorder = Recorder(self._rewards, lambda: self.reward_fn, self._check_open)
+        if self._model_options is None:
+            return TurnMode(recorder)
+        from gym_harness.modes.model import ModelMode
+
+        user_fn = None if self._user_fn is None else UserFnRunner(self._user_fn)
+        return ModelMode(recorder, self.harness.side_call, self._model_options, user_fn)
+
+    def _check_open(self, turn: int) -> None:
+        """Before a turn is recorded: raise ``ResetNeeded`` if ``close()`` came meanwhile."""
         if self._state is Lifecycle.STOPPED:
             raise ResetNeeded(f"close() was called (from another thread) during turn {turn}.")
-        if self._proxy is not None:  # a call still waiting upstream is cut into the turn
-            result = self._proxy.close_turn(result)
-        record = TurnRecord.of_turn(turn, message, result, started_at, elapsed, *end_flags(result))
-        self.trajectory.turns.append(record)
-        if self.reward_fn is not None and result.error_type != Outcome.INVALID_ACTION:
-            task = None if self._task is None else self._task.to_dict()  # invalid: 0.0, unscored
-            scored = self._rewards.score(self.reward_fn, record, self._owned.scored_dirs(), task)
-            self.trajectory.turns[-1] = record = scored
-        return record
 
     def _info(
         self, turn: int, error_type: str, error: str, events: Sequence[HarnessEvent], elapsed: float
@@ -489,8 +469,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
     def _stop_process(self) -> None:
         if self._proc is not None:
             self._proc.stop()
-        if self._model is not None:  # model mode: no call of the episode waits on
-            self._model.end_episode(self.trajectory)
+        self._mode.end(self.trajectory)  # model mode: no call of the episode waits on
 
     def _end_episode(self) -> None:
         with interrupts_held():  # whole: no half-ended episode for a later step to read

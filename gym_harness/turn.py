@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 from gym_harness.config import TurnLimits
 from gym_harness.errors import BridgeError, HarnessCrashed, ProtocolError, TurnTimeout
-from gym_harness.events import EventType, HarnessEvent, TurnResult
 from gym_harness.harnesses.base import Feed, HarnessSession
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent, TurnResult
 
 if TYPE_CHECKING:
     from gym_harness.bridge.server import MCPBridge

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import CallbackError, ConfigError
-from gym_harness.events import HarnessEvent
 from gym_harness.outcome import Outcome
-from gym_harness.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
+from gym_harness.records.events import HarnessEvent
+from gym_harness.records.trajectory import RewardContext, RewardFn, Trajectory, TurnRecord
 from gym_harness.utils.imports import import_attr
 
 __all__ = [

@@ -1,100 +1,123 @@
-"""The reference agent's MCP client: the bridge's tools over one streamable-HTTP session.
+"""The reference agent's MCP client: the bridge's tools over plain HTTP requests.
 
 A sibling of ``reference.py``, imported by it both as ``gym_harness.agents._mcp_tools``
 and, when the agent runs as a plain script, as the top-level module ``_mcp_tools``:
-so it imports nothing from gym_harness, and the MCP client only lazily (it costs
-most of a second; ``start_prewarm`` does it in the background right after ``ready``).
+so it imports nothing from gym_harness.
+
+The bridge speaks MCP's stateless revision (``MCP-Protocol-Version: 2026-07-28``): every
+request stands alone, carrying the protocol version and client info in ``_meta``, with no
+``initialize`` handshake and no session to keep. So the client is a JSON-RPC POST over the
+standard library's ``http.client`` on one kept-alive connection: the first tool call of an
+episode costs what the others cost. (The ``mcp`` client package, with the ``jsonschema``
+and ``httpcore2`` it pulls in, took 1.5 s to import on an idle machine and over 10 s on a
+loaded one: each episode's first tool call paid it.)
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
-if TYPE_CHECKING:
-    import asyncio
-    import concurrent.futures
-    import threading
+__all__ = ["PROTOCOL_VERSION", "KeptConnection", "MCPTools", "describe"]
 
-    from mcp import ClientSession
-
-__all__ = ["MCPTools", "await_prewarm", "describe", "start_prewarm"]
-
-_CONNECT_TIMEOUT_S = 30.0
-_CLOSE_TIMEOUT_S = 5.0
+#: The MCP revision every request names (the bridge's stateless one).
+PROTOCOL_VERSION = "2026-07-28"
+#: Longest MCP answer read (a bigger one is an error for that call).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: Pages of ``tools/list`` followed at most.
+MAX_PAGES = 100
+_META = {
+    "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+    "io.modelcontextprotocol/clientInfo": {"name": "gym-harness-reference", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
 
 
 def describe(exc: BaseException) -> str:
     """``"Type: message"`` of ``exc``, or of the first error inside its exception groups."""
-    # anyio task groups wrap the real cause in (nested) exception groups.
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-_prewarm: threading.Thread | None = None
+class KeptConnection:
+    """POSTs to one origin on one kept-alive HTTP(S) connection, opened again when needed.
 
+    Threads: one at a time (the agent's main thread).
 
-def start_prewarm(tools: MCPTools) -> None:
-    """Import the MCP client and open the session in the background, right after ready.
-
-    The imports cost most of a second (httpcore2 pulls in trio, tool results pull
-    in jsonschema), the session a few round trips more; done here they are usually
-    finished before the first message arrives. Failures are left for the first
-    real use to report.
+    Args:
+        url: Where every POST goes (``http://`` or ``https://``).
+        timeout_s: Longest wait for one answer.
+        max_bytes: Longest answer read; a longer one is an error.
     """
-    import threading
 
-    def run() -> None:
-        try:
-            import asyncio  # noqa: F401
+    def __init__(self, url: str, timeout_s: float, max_bytes: int = MAX_ANSWER_BYTES) -> None:
+        self.url: SplitResult = urlsplit(url)
+        self._timeout_s = timeout_s
+        self._max_bytes = max_bytes
+        self._conn: http.client.HTTPConnection | None = None
 
-            import httpcore2  # noqa: F401
-            import httpx2  # noqa: F401
-            import jsonschema  # noqa: F401
-            from mcp import types  # noqa: F401
-            from mcp.client.session import ClientSession  # noqa: F401
-            from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        """POST ``body``; return ``(status, content type, body)``.
 
-            tools.connect_quietly()
-        except BaseException:
-            return
+        Raises:
+            RuntimeError: No answer (in time), or one over ``max_bytes``.
+        """
+        target = self.url.path or "/"
+        if self.url.query:
+            target += "?" + self.url.query
+        for attempt in (1, 2):
+            if self._conn is None:
+                kind = (
+                    http.client.HTTPSConnection
+                    if self.url.scheme == "https"
+                    else http.client.HTTPConnection
+                )
+                self._conn = kind(self.url.netloc, timeout=self._timeout_s)
+            try:
+                self._conn.request("POST", target, body, headers)
+                reply = self._conn.getresponse()
+                data = reply.read(self._max_bytes + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                # A kept-alive connection the server closed meanwhile fails at once: one
+                # fresh try. A timeout is an answer: no second wait.
+                if attempt == 2 or isinstance(exc, TimeoutError):
+                    why = f"no answer from {self.url.netloc}: {describe(exc)}"
+                    raise RuntimeError(why) from exc
+                continue
+            if len(data) > self._max_bytes:
+                self.close()
+                raise RuntimeError(f"an answer over {self._max_bytes} bytes")
+            if (reply.getheader("connection") or "").lower() == "close":
+                self.close()
+            return reply.status, reply.getheader("content-type") or "", data
+        raise AssertionError("unreachable")
 
-    global _prewarm
-    _prewarm = threading.Thread(target=run, name="prewarm", daemon=True)
-    _prewarm.start()
-
-
-def await_prewarm() -> None:
-    """Wait (bounded) for ``start_prewarm``'s thread before using the MCP client."""
-    # The mcp package has import cycles: importing it from two threads at once can
-    # fail with "partially initialized module", so the main thread waits its turn.
-    if _prewarm is not None:
-        _prewarm.join(timeout=_CONNECT_TIMEOUT_S + _CLOSE_TIMEOUT_S)
+    def close(self) -> None:
+        """Close the connection, if open. Idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class MCPTools:
-    """The bridge's tools through one MCP session kept open across turns.
+    """The bridge's tools through JSON-RPC requests on one kept-alive HTTP connection.
 
-    The session lives in a task on a private asyncio loop in a daemon thread
-    (anyio scopes must be entered and left by one task); the main thread submits
-    calls to that loop and waits for them with a bound.
+    Threads: the agent's main thread only.
 
     Args:
         url: The bridge's streamable-HTTP URL ("" when there is no bridge).
         token: The bearer token.
-        call_timeout_s: Longest wait for one tool call.
+        call_timeout_s: Longest wait for one request's answer.
     """
 
     def __init__(self, url: str, token: str, call_timeout_s: float) -> None:
-        self._url = url
+        self._conn = KeptConnection(url, call_timeout_s) if url else None
         self._token = token
-        self._call_timeout_s = call_timeout_s
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._holder: concurrent.futures.Future[None] | None = None
-        self._session: ClientSession | None = None
-        self._closing: asyncio.Event | None = None
+        self._next_id = 0
 
     def list_tools(self) -> list[dict[str, Any]]:
         """Return ``{"name", "description", "input_schema"}`` for every tool.
@@ -102,133 +125,100 @@ class MCPTools:
         Raises:
             RuntimeError: There is no bridge, or listing failed.
         """
-        await_prewarm()
-        from mcp import types
-
-        async def list_all(session: ClientSession) -> list[types.Tool]:
-            tools: list[types.Tool] = []
-            cursor: str | None = None
-            while True:
-                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_tools(params=params)
-                tools.extend(page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    return tools
-
-        tools = self._run(list_all(self._connect()))
-        return [
-            {"name": t.name, "description": t.description or "", "input_schema": t.input_schema}
-            for t in tools
-        ]
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            params: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            page = self._request("tools/list", None, params)
+            for tool in page.get("tools") or []:
+                tools.append(
+                    {
+                        "name": tool.get("name", ""),
+                        "description": tool.get("description") or "",
+                        "input_schema": tool.get("inputSchema") or {},
+                    }
+                )
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return tools
 
     def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """Call one tool; return ``(content text, is_error)``. Never raises."""
-        await_prewarm()
-        from mcp import types
-
         try:
-            result = self._run(self._connect().call_tool(name, arguments))
-        except Exception as exc:
+            result = self._request("tools/call", name, {"name": name, "arguments": arguments})
+        except RuntimeError as exc:
             return str(exc), True
         parts = []
-        for block in result.content:
-            if isinstance(block, types.TextContent):
-                parts.append(block.text)
+        for block in result.get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
             else:
-                parts.append(json.dumps(block.model_dump(mode="json", exclude_none=True)))
-        if not parts and result.structured_content is not None:
-            parts.append(json.dumps(result.structured_content))
-        return "\n".join(parts), bool(result.is_error)
-
-    def connect_quietly(self) -> None:
-        """Open the session now if there is a bridge; errors wait for the first real use."""
-        if self._url:
-            try:
-                self._connect()
-            except RuntimeError:
-                return
+                parts.append(json.dumps(block))
+        if not parts and result.get("structuredContent") is not None:
+            parts.append(json.dumps(result["structuredContent"]))
+        return "\n".join(parts), bool(result.get("isError"))
 
     def close(self) -> None:
-        """End the session (the server sees a clean DELETE) and stop the loop thread."""
-        loop, holder = self._loop, self._holder
-        if loop is None:
-            return
-        if holder is not None and not holder.done() and self._closing is not None:
-            loop.call_soon_threadsafe(self._closing.set)
-            try:
-                holder.result(timeout=_CLOSE_TIMEOUT_S)
-            except BaseException:
-                holder.cancel()
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=_CLOSE_TIMEOUT_S)
-        if not loop.is_running():
-            loop.close()
-        self._loop = self._thread = self._holder = self._session = None
+        """Close the connection (nothing else to end: the protocol keeps no session)."""
+        if self._conn is not None:
+            self._conn.close()
 
-    def _run(self, coro: Any) -> Any:
-        import asyncio
-        import concurrent.futures
+    def _request(self, method: str, name: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        """POST one JSON-RPC request; return its ``result``.
 
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout=self._call_timeout_s)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise RuntimeError(f"no answer from the MCP bridge in {self._call_timeout_s}s") from exc
-        except Exception as exc:
-            raise RuntimeError(describe(exc)) from exc
-
-    def _connect(self) -> ClientSession:
-        import asyncio
-        import concurrent.futures
-        import threading
-
-        if self._session is not None and self._holder is not None and not self._holder.done():
-            return self._session
-        if not self._url:
+        Raises:
+            RuntimeError: No bridge, no answer in time, an HTTP error or a JSON-RPC error.
+        """
+        if self._conn is None:
             raise RuntimeError("no MCP bridge: GYM_HARNESS_MCP_URL is not set")
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=self._loop.run_forever, name="mcp-client", daemon=True
-            )
-            self._thread.start()
-        ready: concurrent.futures.Future[ClientSession] = concurrent.futures.Future()
-        self._holder = asyncio.run_coroutine_threadsafe(self._hold(ready), self._loop)
-        try:
-            self._session = ready.result(timeout=_CONNECT_TIMEOUT_S)
-        except concurrent.futures.TimeoutError as exc:
-            self._holder.cancel()
-            raise RuntimeError(f"MCP bridge at {self._url} did not answer in time") from exc
-        except Exception as exc:
-            raise RuntimeError(
-                f"cannot open an MCP session at {self._url}: {describe(exc)}"
-            ) from exc
-        return self._session
+        self._next_id += 1
+        request_id = self._next_id
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "method": method,
+                "params": {**params, "_meta": _META},
+            }
+        ).encode()
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": PROTOCOL_VERSION,
+            "Mcp-Method": method,
+        }
+        if name is not None:
+            headers["Mcp-Name"] = name
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        status, kind, data = self._conn.post(body, headers)
+        if status != 200:
+            said = data[:300].decode(errors="replace")
+            raise RuntimeError(f"the MCP bridge refused the request (HTTP {status}): {said}")
+        answer = _answer(kind, data, request_id)
+        if "error" in answer:
+            error = answer["error"] if isinstance(answer["error"], dict) else {}
+            raise RuntimeError(f"MCP error {error.get('code')}: {error.get('message', '')}")
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            raise RuntimeError(f"MCP answer has no result: {data[:300]!r}")
+        return result
 
-    async def _hold(self, ready: concurrent.futures.Future[ClientSession]) -> None:
-        import asyncio
 
-        import httpx2
-        from mcp.client.session import ClientSession
-        from mcp.client.streamable_http import streamable_http_client
-
-        self._closing = asyncio.Event()
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        timeout = httpx2.Timeout(_CONNECT_TIMEOUT_S, read=self._call_timeout_s)
-        try:
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-                streamable_http_client(self._url, http_client=http) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                ready.set_result(session)
-                await self._closing.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
-            raise
+def _answer(kind: str, data: bytes, request_id: int) -> dict[str, Any]:
+    """The JSON-RPC answer to ``request_id`` in a JSON body or an SSE stream."""
+    try:
+        if kind.startswith("text/event-stream"):
+            for line in data.decode().splitlines():
+                if line.startswith("data:"):
+                    message = json.loads(line[5:])
+                    if isinstance(message, dict) and message.get("id") == request_id:
+                        return message
+            raise RuntimeError("the MCP event stream held no answer to the request")
+        message = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RuntimeError(f"MCP answer is not JSON: {data[:300]!r}") from exc
+    if not isinstance(message, dict):
+        raise RuntimeError(f"MCP answer is not a JSON object: {data[:300]!r}")
+    return message

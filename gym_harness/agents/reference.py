@@ -45,10 +45,10 @@ in ``$HOME/.gym_harness/reference-history.json`` after every turn, and a process
 with ``GYM_HARNESS_FORKED_FROM`` set (its home a copy of the parent episode's) goes on
 from that history; the ``scripted`` policy keeps no state between turns.
 
-Startup time matters (a reset waits for ``ready``), so only ``json``, ``os`` and
-``sys`` are imported at the top; the MCP client is imported lazily, and that
-import is warmed in a background thread right after ``ready``. Nothing is
-imported from gym_harness, so the file also runs as a plain script.
+Startup time matters (a reset waits for ``ready``), and so does the first tool call:
+the agent imports the standard library alone (its MCP and model clients are plain
+JSON over ``http.client``). Nothing is imported from gym_harness, so the file also
+runs as a plain script.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:
-    from gym_harness.agents._mcp_tools import MCPTools, await_prewarm, describe, start_prewarm
+    from gym_harness.agents._mcp_tools import KeptConnection, MCPTools, describe
 else:  # run by path, as the env runs it: the sibling module, and gym_harness stays unimported
-    from _mcp_tools import MCPTools, await_prewarm, describe, start_prewarm
+    from _mcp_tools import KeptConnection, MCPTools, describe
 
 if TYPE_CHECKING:
     import argparse
@@ -193,7 +193,7 @@ class OpenAIPolicy:
         if args.system_prompt and not self._messages:
             self._messages.append({"role": "system", "content": args.system_prompt})
         self._functions: list[dict[str, Any]] | None = None
-        self._http: Any = None
+        self._http = KeptConnection(self._url, self._timeout_s)
 
     def turn(self, content: str) -> None:
         """Run one turn: emit its events and the ``turn_complete`` line."""
@@ -211,9 +211,7 @@ class OpenAIPolicy:
 
     def close(self) -> None:
         """Close the HTTP client, if one was opened."""
-        if self._http is not None:
-            self._http.close()
-            self._http = None
+        self._http.close()
 
     def _react(self) -> str:
         functions = self._tool_functions()
@@ -280,27 +278,21 @@ class OpenAIPolicy:
         return self._functions
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        await_prewarm()
-        import httpx2
-
-        if self._http is None:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._http = httpx2.Client(headers=headers, timeout=self._timeout_s)
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         try:
-            reply = self._http.post(self._url, json=body)
-        except httpx2.HTTPError as exc:
-            raise _ModelError(f"model endpoint {self._url} failed: {describe(exc)}") from exc
-        if reply.status_code >= 400:
-            raise _ModelError(
-                f"model endpoint {self._url} returned HTTP {reply.status_code}: {reply.text[:500]}"
-            )
+            status, _, raw = self._http.post(json.dumps(body).encode(), headers)
+        except RuntimeError as exc:
+            raise _ModelError(f"model endpoint {self._url} failed: {exc}") from exc
+        text = raw[:500].decode(errors="replace")
+        if status >= 400:
+            raise _ModelError(f"model endpoint {self._url} returned HTTP {status}: {text}")
         try:
-            data = reply.json()
+            data = json.loads(raw)
             message = data["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _ModelError(
-                f"model endpoint {self._url} sent no usable choice: {reply.text[:500]}"
-            ) from exc
+            raise _ModelError(f"model endpoint {self._url} sent no usable choice: {text}") from exc
         usage = data.get("usage") or {}
         _emit(
             {
@@ -385,7 +377,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.get("GYM_HARNESS_MCP_TOKEN", ""),
         args.tool_timeout,
     )
-    start_prewarm(tools)
     policy = ScriptedPolicy(tools) if args.policy == "scripted" else OpenAIPolicy(tools, args)
     try:
         _serve(policy)
@@ -393,9 +384,6 @@ def main(argv: list[str] | None = None) -> int:
         # Keep interpreter shutdown from failing on the final flush of a closed pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
-        # The prewarm thread may still be importing or connecting: let it finish
-        # first (an import in a daemon thread at shutdown can crash the interpreter).
-        await_prewarm()
         if isinstance(policy, OpenAIPolicy):
             policy.close()
         tools.close()

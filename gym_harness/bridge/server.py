@@ -118,19 +118,18 @@ class MCPBridge(RotatingToken):
     def for_env(
         cls,
         tools: Any,
-        prefix: str,
-        tool_timeout_s: float,
         builtin_names: Iterable[str],
         config: HarnessConfig,
         lock: threading.Lock,
     ) -> MCPBridge:
-        """The bridge of an env: its harness's built-in tool names kept clear, the sessions
-        and tool workers ``config`` allows, and locked tools run holding ``lock``."""
+        """The bridge of an env: its harness's built-in tool names kept clear, the prefix,
+        tool timeout, sessions and tool workers ``config`` says, and locked tools run
+        holding ``lock``."""
         return cls(
             tools,
             builtin_names=builtin_names,
-            prefix=prefix,
-            tool_timeout_s=tool_timeout_s,
+            prefix=config.tool_prefix,
+            tool_timeout_s=config.tool_timeout_s,
             lock=lock,
             max_sessions=config.max_mcp_sessions,
             tool_workers=config.tool_workers,

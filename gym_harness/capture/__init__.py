@@ -6,9 +6,9 @@
 * :mod:`~gym_harness.capture.http`: reading bounded bodies and sending answers (shared
   with the model endpoint).
 * :mod:`~gym_harness.capture.secrets`: credential swapping and redaction.
-* :mod:`~gym_harness.capture.records`: ``ModelExchange`` and the parsed records.
-* :mod:`~gym_harness.capture.chat_format`: exchanges as chat messages and datasets.
+* :mod:`~gym_harness.capture.tokens`: the engine's token ids an upstream returned.
 
-Imports ``loopback`` and ``utils`` below it; never the bridge, model, processes,
+What it records (``ModelExchange``) lives in ``gym_harness.records.exchanges``.
+Imports ``loopback``, ``records`` and the vocabulary below it; never the bridge, model, processes,
 adapters or the env. Nothing is imported here: asyncio loads only when a proxy starts.
 """

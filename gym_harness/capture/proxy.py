@@ -5,7 +5,7 @@ per-episode proxy token in place of the API key. The proxy swaps that token
 for the real key (which never leaves the env process), forwards the request to
 the upstream, and passes the answer back byte for byte as it arrives, SSE
 streams included. Per request it keeps a :class:`ModelExchange` (see
-``gym_harness.capture.records``, whose names are importable from here too).
+``gym_harness.records.exchanges``, whose names are importable from here too).
 
 Wire APIs understood for recording (anything else is still forwarded):
 OpenAI Chat Completions, OpenAI Responses, Anthropic Messages, Gemini.
@@ -35,7 +35,11 @@ from gym_harness.capture.http import (
     read_body,
     send_json,
 )
-from gym_harness.capture.records import (
+from gym_harness.capture.secrets import Redactor, carries, swap_credentials
+from gym_harness.errors import CaptureError, ConfigError
+from gym_harness.lifecycle import Lifecycle
+from gym_harness.loopback.service import LoopbackService
+from gym_harness.records.exchanges import (
     ModelExchange,
     SSEEvent,
     TokenLogprob,
@@ -44,16 +48,12 @@ from gym_harness.capture.records import (
     assemble,
     parse_sse,
 )
-from gym_harness.capture.secrets import Redactor, carries, swap_credentials
-from gym_harness.errors import CaptureError, ConfigError
-from gym_harness.lifecycle import Lifecycle
-from gym_harness.loopback.service import LoopbackService
 
 if TYPE_CHECKING:
     from gym_harness.capture.tokens import TokenStripper
     from gym_harness.capture.upstream import UpstreamPool, UpstreamResponse
     from gym_harness.config import HarnessConfig
-    from gym_harness.events import TurnResult
+    from gym_harness.records.events import TurnResult
 
 __all__ = [
     "ModelExchange",
@@ -467,28 +467,26 @@ def _stripper(call: Call, response: UpstreamResponse) -> TokenStripper | None:
     return TokenStripper(call.tokens, streamed)
 
 
-def start_proxy(
-    upstream: str | None, key_env: str | None, logprobs: bool, config: HarnessConfig
-) -> ModelProxy:
-    """A started ``ModelProxy`` for an env's ``capture=True`` settings.
+def start_proxy(config: HarnessConfig) -> ModelProxy:
+    """A started ``ModelProxy`` for an env's capture settings.
 
     Args:
-        upstream: The real API's origin.
-        key_env: The variable holding the upstream's key (read here; it stays here).
-        logprobs: Ask Chat Completions upstreams for logprobs.
-        config: The env's config: ``capture_max_bytes`` bounds the records,
-            ``capture_tokens`` asks the upstream for token ids.
+        config: The env's config: ``upstream`` (the real API's origin),
+            ``upstream_api_key_env`` (the variable holding its key, read here; it stays
+            here), ``request_logprobs``, ``capture_max_bytes`` (bounds the records) and
+            ``capture_tokens`` (asks the upstream for token ids).
 
     Raises:
-        ConfigError: ``key_env`` is named but not set in this process.
+        ConfigError: ``upstream_api_key_env`` is named but not set in this process.
     """
+    key_env = config.upstream_api_key_env
     key = os.environ.get(key_env) if key_env else None
     if key_env and key is None:
         raise ConfigError(f"upstream_api_key_env={key_env!r} is not set in this process.")
     proxy = ModelProxy(
-        str(upstream),
+        str(config.upstream),
         api_key=key,
-        request_logprobs=logprobs,
+        request_logprobs=config.request_logprobs,
         request_tokens=config.capture_tokens,
         max_record_bytes=config.capture_max_bytes,
     )

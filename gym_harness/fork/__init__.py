@@ -10,10 +10,11 @@
   copied and the harness resumes a fork of its own saved session.
 
 Below the env: it never imports ``env.py`` (the env hands it a way to make the child
-env), nor the process layer's internals, the loopback servers or the adapters' modules.
+env, from what the child inherits), nor the process layer's internals, the loopback
+servers or the adapters' modules; it writes no attribute of an env.
 """
 
 from gym_harness.fork.episode import fork_episode
-from gym_harness.fork.parent import Forkable, Parent
+from gym_harness.fork.parent import Adopt, Forkable, Inherited, Parent, Spawn
 
-__all__ = ["Forkable", "Parent", "fork_episode"]
+__all__ = ["Adopt", "Forkable", "Inherited", "Parent", "Spawn", "fork_episode"]

@@ -38,6 +38,6 @@ def fork_episode(
             a replayed request differed from the parent's; the child is closed.
     """
     assert directory is not None  # a running episode has one
-    if parent.model is not None:
-        return replay(parent, parent.model, directory, strict)
+    if parent.held is not None:
+        return replay(parent, parent.held, directory, strict)
     return resume(parent, directory)

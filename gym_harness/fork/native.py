@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_harness.errors import ForkUnsupported
-from gym_harness.fork.parent import Forkable, Parent, child_trajectory
+from gym_harness.fork.parent import Forkable, Inherited, Parent
 from gym_harness.harnesses.base import ForkOrigin
 from gym_harness.utils.trees import tree_bytes
 
@@ -39,28 +39,24 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
     """
     started = time.monotonic()
     before = parent.trajectory
-    child = parent.spawn(user_fn=parent.user_fn)  # an env starts nothing before its reset
-    try:
-        plain = child.harness
-        state = plain.fork_session(None if parent.runner is None else parent.runner.session)
-        limit = child.config.max_fork_bytes
-        size = tree_bytes([directory / "workspace", directory / "home"], limit)
-        if size > limit:
-            raise ForkUnsupported(
-                f"episode {before.episode_id}'s workspace and home hold more than "
-                f"max_fork_bytes={limit} bytes (at least {size}), which a fork of it would "
-                "copy: raise max_fork_bytes, or fork in mode='model' (replay copies nothing)."
-            )
-        child.harness = plain.forked(ForkOrigin(before.episode_id, directory, state))
-        try:
-            _, info = child.reset(options=parent.options)
-        finally:
-            child.harness = plain  # its later episodes are its own
+    state = parent.harness.fork_session(parent.session)
+    limit = parent.max_fork_bytes
+    size = tree_bytes([directory / "workspace", directory / "home"], limit)
+    if size > limit:
+        raise ForkUnsupported(
+            f"episode {before.episode_id}'s workspace and home hold more than "
+            f"max_fork_bytes={limit} bytes (at least {size}), which a fork of it would "
+            "copy: raise max_fork_bytes, or fork in mode='model' (replay copies nothing)."
+        )
+    origin = ForkOrigin(before.episode_id, directory, state)
+    child, adopt = parent.spawn(Inherited(parent.user_fn, before, len(before.turns), origin))
+    try:  # an env starts nothing before its reset; its first launch resumes ``origin``
+        _, info = child.reset(options=parent.options)
     except BaseException:
         child.close()
         raise
     took = time.monotonic() - started
-    child.trajectory = child_trajectory(parent, child.trajectory, len(before.turns), took)
+    adopt(took)
     task = before.task or {}
     reply = before.turns[-1].response if before.turns else str(task.get("prompt", ""))
     info["fork"] = {

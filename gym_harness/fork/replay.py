@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_harness.errors import ForkDiverged, ForkUnsupported
-from gym_harness.fork.parent import Forkable, Parent, child_trajectory
+from gym_harness.fork.parent import Forkable, Inherited, Parent
 
 if TYPE_CHECKING:
     from gym_harness.model.action import Completion
-    from gym_harness.model.calls import ModelCall
-    from gym_harness.model.turns import ModelTurns
-    from gym_harness.trajectory import Trajectory
+    from gym_harness.modes.base import HeldCall
+    from gym_harness.records.calls import ModelCall
+    from gym_harness.records.trajectory import Trajectory
 
 __all__ = ["ScriptedUser", "action_of", "difference", "replay"]
 
@@ -116,13 +116,13 @@ def difference(
 
 
 def replay(
-    parent: Parent, model: ModelTurns, directory: Path, strict: bool
+    parent: Parent, held: HeldCall, directory: Path, strict: bool
 ) -> tuple[Forkable, str, dict[str, Any]]:
     """Fork a model-mode episode by replay (see the module's docstring).
 
     Args:
         parent: The episode.
-        model: Its model-mode state: the call the policy holds, the turn's user message.
+        held: Where it stands: the call the policy holds, the turn's user message.
         directory: The episode's directory (its path in requests stands for the child's).
         strict: Raise ``ForkDiverged`` at the first request that differs.
 
@@ -131,21 +131,22 @@ def replay(
         ForkDiverged: The child ended or made no call before the parent's call, or, with
             ``strict``, a request differed; the child is closed.
     """
-    if model.pending is None:
+    if held.observation is None:
         raise ForkUnsupported(
             f"episode {parent.trajectory.episode_id} holds no model call to fork at (its "
             "harness did not start, or ended its turn): step() to see what happened."
         )
-    steps = answered(parent, model.endpoint.config.model_calls == "all")
-    targets = [*(call.observation for call in steps), model.pending.observation]
+    steps = answered(parent, held.all_calls)
+    targets = [*(call.observation for call in steps), held.observation]
     messages = [turn.message for turn in parent.trajectory.turns]
-    later = [*messages[1:], model.message] if messages else []
+    later = [*messages[1:], held.message] if messages else []
     started = time.monotonic()
-    child = parent.spawn(user_fn=ScriptedUser(later, parent.user_fn))
+    inherited = Inherited(ScriptedUser(later, parent.user_fn), parent.trajectory, len(steps))
+    child, adopt = parent.spawn(inherited)
     first: tuple[int, str] | None = None
     try:
         obs, info = child.reset(options=parent.options)
-        child_dir, noise = str(_episode_dir(child)), child.harness.replay_noise
+        child_dir, noise = str(_episode_dir(child)), parent.harness.replay_noise
         for index, target in enumerate(targets):
             if index:
                 completion = steps[index - 1].completion
@@ -170,7 +171,7 @@ def replay(
         child.close()
         raise
     took = time.monotonic() - started
-    child.trajectory = child_trajectory(parent, child.trajectory, len(steps), took)
+    adopt(took)
     info["fork"] = {
         "method": "replay",
         "parent": parent.trajectory.episode_id,

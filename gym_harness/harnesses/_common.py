@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
-from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses.base import EpisodeContext, Feed
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.utils import bounded_json
 
 __all__ = [

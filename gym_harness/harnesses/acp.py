@@ -32,7 +32,6 @@ from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ConfigError, ProtocolError
-from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     RpcIds,
     content_text,
@@ -45,6 +44,7 @@ from gym_harness.harnesses._common import (
 )
 from gym_harness.harnesses.base import EpisodeContext, Feed, Harness, HarnessSession, Launch
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.utils import bounded_json
 
 __all__ = ["PROTOCOL_VERSION", "ACPHarness", "ACPSession"]

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported, HarnessStartError
-from gym_harness.events import HarnessEvent
+from gym_harness.records.calls import SIDE_MODEL
+from gym_harness.records.events import HarnessEvent
 from gym_harness.utils.trees import copy_tree
 
 if TYPE_CHECKING:
@@ -59,10 +60,6 @@ __all__ = [
 
 #: The variable a forked episode's harness is started with: the parent episode's id.
 FORKED_FROM_VAR = "GYM_HARNESS_FORKED_FROM"
-
-#: The model name adapters give their CLI's small or fast model in model mode, so that
-#: its side calls (titles, summaries) are told apart from the agent's own calls.
-SIDE_MODEL = "gym-side"
 
 
 @dataclass(frozen=True)

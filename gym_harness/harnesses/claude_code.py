@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported
-from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     api_ports,
     content_text,
@@ -53,6 +52,7 @@ from gym_harness.harnesses.base import (
     Launch,
 )
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent
 
 __all__ = ["TELEMETRY_OFF", "ClaudeCodeHarness", "ClaudeCodeSession"]
 

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gym_harness.config import HarnessConfig
 from gym_harness.errors import ForkUnsupported
-from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import (
     MODEL_KEY_VAR,
     RpcIds,
@@ -58,6 +57,7 @@ from gym_harness.harnesses.codex_config import (
     native_codex,
 )
 from gym_harness.outcome import Outcome
+from gym_harness.records.events import EventType, HarnessEvent
 
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest

@@ -16,7 +16,6 @@ from typing import ClassVar
 
 from gym_harness.config import DEFAULT_INHERIT_ENV, HarnessConfig
 from gym_harness.errors import ConfigError, ForkUnsupported, ProtocolError
-from gym_harness.events import EventType, HarnessEvent
 from gym_harness.harnesses._common import MODEL_KEY_VAR, openai_base
 from gym_harness.harnesses.base import (
     FORKED_FROM_VAR,
@@ -26,6 +25,7 @@ from gym_harness.harnesses.base import (
     HarnessSession,
     Launch,
 )
+from gym_harness.records.events import EventType, HarnessEvent
 from gym_harness.utils.bounded_json import (
     parse_object,  # not _common's alias: one frame less per line
 )

@@ -23,6 +23,7 @@ Example:
     'application/json'
 """
 
+from gym_harness.model._side import SideUpstream, via_proxy
 from gym_harness.model.action import (
     STOP_REASONS,
     ActionLimits,
@@ -33,7 +34,6 @@ from gym_harness.model.action import (
     parse_action,
 )
 from gym_harness.model.answer import AnswerWriter, Usage, encode_answer, error_body
-from gym_harness.model.calls import ModelCall
 from gym_harness.model.endpoint import (
     EndpointConfig,
     EndpointError,
@@ -49,6 +49,7 @@ from gym_harness.model.request import (
     WireTool,
     read_request,
 )
+from gym_harness.records.calls import ModelCall
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -65,6 +66,7 @@ __all__ = [
     "ModelRequest",
     "PendingCall",
     "SideCall",
+    "SideUpstream",
     "ToolCall",
     "Usage",
     "WireTool",
@@ -74,4 +76,5 @@ __all__ = [
     "other_answer",
     "parse_action",
     "read_request",
+    "via_proxy",
 ]

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gym_harness.capture.http import read_body, send_json
-from gym_harness.capture.records import api_of
 from gym_harness.model._exchange import send_other
 from gym_harness.model.answer import error_body
 from gym_harness.model.request import BadRequest, ModelRequest, RequestReader
+from gym_harness.records.exchanges import api_of
 
 __all__ = ["Refused", "take_in", "unauthorized"]
 

@@ -11,7 +11,7 @@ longest base whose text it starts with:
   (``tools``, ``model``) whose text equals the base's takes the base's value, unparsed.
   A body that shares no base's prefix (the first call, compaction, a rewritten system
   prompt) is parsed whole: the result is ``json.loads``'s either way.
-* **Convert.** The chat messages (:class:`~gym_harness.capture.chat_format.Conversation`)
+* **Convert.** The chat messages (:class:`~gym_harness.records.chat_format.Conversation`)
   go on from the base's when the request's head (its system prompt) is the base's;
   the tools are the base's when the request offers the same tools.
 * **Serialise.** Each message's JSON text is kept beside it, so the observation's text
@@ -34,13 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_harness.capture.chat_format import (
+from gym_harness.model._shapes import WireTool, flat_item, flat_tools
+from gym_harness.records.chat_format import (
     CONVERSATION_KEYS,
     HEAD_KEYS,
     Conversation,
     exchange_tools,
 )
-from gym_harness.model._shapes import WireTool, flat_item, flat_tools
 from gym_harness.utils import bounded_json
 
 __all__ = [

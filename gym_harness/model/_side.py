@@ -26,7 +26,7 @@ from gym_harness.model.answer import AnswerWriter, error_body
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
 
-__all__ = ["MARGIN_S", "SideUpstream", "answer_side", "forward", "is_side"]
+__all__ = ["MARGIN_S", "SideUpstream", "answer_side", "forward", "is_side", "via_proxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ class SideUpstream:
     base_url: str
     token: str
     timeout_s: float
+
+
+def via_proxy(base_url: str, token: str, proxy_timeout_s: float) -> SideUpstream:
+    """Side calls through the capture proxy at ``base_url``: waited on past the proxy's own
+    upstream timeout (``proxy_timeout_s``), so the proxy's 504 comes first."""
+    return SideUpstream(base_url, token, proxy_timeout_s + MARGIN_S)
 
 
 def is_side(

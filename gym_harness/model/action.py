@@ -20,8 +20,10 @@ import json
 import re
 import uuid
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from gym_harness.records.calls import Completion, ToolCall, assistant_message, chat_tool_calls
 
 __all__ = [
     "STOP_REASONS",
@@ -79,78 +81,6 @@ class ActionLimits:
     max_depth: int = 64
     max_tool_calls: int = 128
     max_trace: int = 1 << 20
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One tool call of a completion.
-
-    Attributes:
-        id: The call id (the policy's, or one made in the style of the request's API).
-        name: A tool name the request offered, as the observation spelled it.
-        arguments: The arguments (always a JSON object).
-    """
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-
-    @property
-    def arguments_json(self) -> str:
-        """The arguments as JSON text (what Chat Completions and Responses carry)."""
-        return json.dumps(self.arguments, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A checked answer to one model request.
-
-    Attributes:
-        content: The assistant's text ("" for none).
-        tool_calls: The tool calls, in order.
-        stop_reason: One of :data:`STOP_REASONS`.
-        token_ids: The policy's token ids, kept for training (never sent to the harness).
-        logprobs: The policy's log-probabilities, kept for training (never sent).
-        usage: The policy's token counts, kept for training.
-        prompt_token_ids: The engine's own ids of the prompt it sampled from, kept for
-            training (never sent; nothing re-tokenises the messages).
-    """
-
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    stop_reason: str = "stop"
-    token_ids: tuple[int, ...] | None = None
-    logprobs: tuple[Any, ...] | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
-    prompt_token_ids: tuple[int, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the record of a call keeps this)."""
-        out = asdict(self)
-        out["tool_calls"] = [asdict(call) for call in self.tool_calls]
-        for key in ("token_ids", "logprobs", "prompt_token_ids"):
-            out[key] = None if out[key] is None else list(out[key])
-        return out
-
-
-def chat_tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
-    """Tool calls in the OpenAI chat form (``{"id", "type": "function", "function"}``)."""
-    return [
-        {
-            "id": c.id,
-            "type": "function",
-            "function": {"name": c.name, "arguments": c.arguments_json},
-        }
-        for c in calls
-    ]
-
-
-def assistant_message(completion: Completion) -> dict[str, Any]:
-    """``completion`` as an assistant message in the chat form of the observations."""
-    message: dict[str, Any] = {"role": "assistant", "content": completion.content}
-    if completion.tool_calls:
-        message["tool_calls"] = chat_tool_calls(completion.tool_calls)
-    return message
 
 
 def new_call_id(api: str) -> str:

@@ -1,15 +1,13 @@
-"""The records of model mode: one :class:`ModelCall` per model call, kept under bounds.
+"""Model mode's call tracking: the :class:`ModelCall` records kept under bounds.
 
-A :class:`ModelCall` is what a rollout record's ``calls`` list is made of: the
-observation the policy saw (messages, tools, sampling), the completion it gave, its
-``token_ids``/``logprobs``/``prompt_token_ids``/``usage``, and how the exchange ended.
-:class:`CallLog` keeps them, in the order the calls arrived, under a count and a byte bound.
+The record itself (``ModelCall``) lives in ``gym_harness.records.calls``.
+:class:`CallLog` keeps the records, in the order the calls arrived, under a count and a byte bound.
 :class:`CallKey` tells a harness's retry from a new call, and :class:`ReplayTable`
 remembers recent answers so that a retry gets the same answer again. :class:`Lapses`
 counts the calls the policy left past ``policy_timeout_s`` since the last answer.
 :class:`EndpointConfig` holds the endpoint's settings and these bounds.
 
-Threads: :class:`ModelCall` is immutable. :class:`CallLog`, :class:`ReplayTable` and
+Threads: :class:`CallLog`, :class:`ReplayTable` and
 :class:`Lapses` lock nothing themselves: their owner (``ModelEndpoint``) calls them under
 its lock.
 """
@@ -18,18 +16,16 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from gym_harness.capture.chat_format import CONVERSATION_KEYS
-from gym_harness.capture.records import api_of
 from gym_harness.errors import ConfigError
 from gym_harness.loopback.connections import MAX_CONNECTIONS
-from gym_harness.model.action import Completion
 from gym_harness.model.answer import Usage
+from gym_harness.records.calls import Completion, ModelCall
+from gym_harness.records.chat_format import CONVERSATION_KEYS
 
 if TYPE_CHECKING:
     from gym_harness.model.request import ModelRequest
@@ -94,121 +90,6 @@ _CONVERSATION = (
     "tools",
 )
 _STREAM_KEYS = frozenset({"stream", "stream_options"})
-
-
-@dataclass(frozen=True)
-class ModelCall:
-    """One model call of the harness and how it ended.
-
-    Attributes:
-        seq: Arrival order on the endpoint (1, 2, ...).
-        request_id: The id the observation carried.
-        api: ``"anthropic"``, ``"responses"``, ``"chat"`` or ``"gemini"``.
-        path: The request path.
-        side: The adapter called it a side call (a title, a summary): no policy step.
-        observation: What the policy saw (:meth:`ModelRequest.observation`); ``None`` for
-            a call refused before it was read, or a record cut by the byte bound.
-        completion: The answer, or ``None`` when it ended in an error.
-        status: The HTTP status the harness got (200, or the error's).
-        error: Why the call ended without an answer ("" when answered).
-        started: Wall-clock time the request arrived.
-        answered: Wall-clock time it was answered or given up.
-        retries: How many retries of the harness joined this call.
-        truncated: The record lost its observation and completion to the byte bound.
-    """
-
-    seq: int
-    request_id: str
-    api: str
-    path: str
-    side: bool
-    observation: dict[str, Any] | None
-    completion: Completion | None
-    status: int
-    error: str
-    started: float
-    answered: float
-    retries: int = 0
-    truncated: bool = False
-
-    @classmethod
-    def of(
-        cls,
-        seq: int,
-        request_id: str,
-        request: ModelRequest | None,
-        path: str,
-        side: bool,
-        completion: Completion | None,
-        status: int,
-        error: str,
-        started: float,
-        retries: int = 0,
-    ) -> ModelCall:
-        """The record of a call that ends now (``request`` is ``None`` if it was not read)."""
-        return cls(
-            seq=seq,
-            request_id=request_id,
-            api=request.api if request else api_of(path),
-            path=path,
-            side=side,
-            observation=request.observation() if request else None,
-            completion=completion,
-            status=status,
-            error=error,
-            started=started,
-            answered=time.time(),
-            retries=retries,
-        )
-
-    @property
-    def token_ids(self) -> list[int] | None:
-        """The policy's token ids for this completion, when the action carried them."""
-        found = self.completion.token_ids if self.completion else None
-        return None if found is None else list(found)
-
-    @property
-    def logprobs(self) -> list[Any] | None:
-        """The policy's log-probabilities, when the action carried them."""
-        found = self.completion.logprobs if self.completion else None
-        return None if found is None else list(found)
-
-    @property
-    def prompt_token_ids(self) -> list[int] | None:
-        """The engine's ids of the prompt this completion was sampled from, if reported."""
-        found = self.completion.prompt_token_ids if self.completion else None
-        return None if found is None else list(found)
-
-    @property
-    def usage(self) -> dict[str, Any]:
-        """The policy's token counts, when the action carried them."""
-        return dict(self.completion.usage) if self.completion else {}
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``token_ids``/``logprobs``/``usage`` sit at the top level."""
-        completion = self.completion.to_dict() if self.completion else None
-        if completion is not None:
-            for key in ("token_ids", "logprobs", "usage", "prompt_token_ids"):
-                completion.pop(key, None)
-        return {
-            "seq": self.seq,
-            "request_id": self.request_id,
-            "api": self.api,
-            "path": self.path,
-            "side": self.side,
-            "observation": self.observation,
-            "completion": completion,
-            "token_ids": self.token_ids,
-            "logprobs": self.logprobs,
-            "prompt_token_ids": self.prompt_token_ids,
-            "usage": self.usage,
-            "status": self.status,
-            "error": self.error,
-            "started": self.started,
-            "answered": self.answered,
-            "retries": self.retries,
-            "truncated": self.truncated,
-        }
 
 
 def weight(request_bytes: int, completion: Completion | None) -> int:

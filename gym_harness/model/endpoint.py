@@ -202,13 +202,19 @@ class ModelEndpoint(LoopbackService):
             max_connections=self.config.max_connections,
         )
 
-    def rotate_token(self) -> str:
+    def rotate_token(self, side_upstream: SideUpstream | None = None) -> str:
         """A new per-episode key (the old one is refused from now on); forgets old answers.
+
+        Args:
+            side_upstream: Where the new episode's side calls go (the capture proxy),
+                if anywhere; ``None`` keeps the one set before.
 
         Returns:
             The key the harness must send (``x-api-key``, ``Authorization: Bearer``,
             ``x-goog-api-key`` or ``?key=``).
         """
+        if side_upstream is not None:
+            self.side_upstream = side_upstream
         with self._lock:
             return self._new_episode()
 

@@ -5,7 +5,7 @@ bytes) and returns a :class:`ModelRequest`: the wire facts the answer needs (api
 model, stream, tool names as the wire spells them) and the observation the policy sees
 (:meth:`ModelRequest.observation`, and its JSON text :meth:`ModelRequest.observation_text`),
 whose ``messages`` and ``tools`` are those of
-:func:`gym_harness.capture.chat_format.exchange_messages` and ``exchange_tools``.
+:func:`gym_harness.records.chat_format.exchange_messages` and ``exchange_tools``.
 Responses tool names are made flat first (see :mod:`gym_harness.model._shapes`).
 
 :class:`RequestReader` reads an episode's calls one after another: each from what the
@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_harness.capture.records import api_of
 from gym_harness.model._reader import (
     MAX_REQUEST_BYTES,
     MAX_REQUEST_DEPTH,
@@ -30,6 +29,7 @@ from gym_harness.model._reader import (
     read_parsed,
 )
 from gym_harness.model._shapes import SAMPLING, WireTool
+from gym_harness.records.exchanges import api_of
 
 __all__ = [
     "MAX_REQUEST_BYTES",

@@ -2,7 +2,8 @@
 
 * :mod:`~gym_harness.rollout.local`: ``run_episode``, ``local_rollout`` and the one
   scheduler (``schedule``) both rollouts use.
-* :mod:`~gym_harness.rollout.ray`: ``ray_rollout`` and ``RayVectorEnv`` (``gym_harness[ray]``).
+* :mod:`~gym_harness.rollout.ray`: ``ray_rollout`` (``gym_harness[ray]``; its actors and
+  ``RayVectorEnv`` are ``gym_harness.vector.ray``'s).
 * :mod:`~gym_harness.rollout.cli`: the ``gym-harness`` command (``run``, ``rollout``), with
   :mod:`~gym_harness.rollout.console` (what it prints while it runs) and
   :mod:`~gym_harness.rollout.keywords` (every keyword of an env id, read from the code:

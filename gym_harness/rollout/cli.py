@@ -35,10 +35,11 @@ from typing import Any
 import gymnasium
 
 import gym_harness  # registers the env ids
-from gym_harness.capture.chat_format import llm_exchanges
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
+from gym_harness.records.chat_format import llm_exchanges
+from gym_harness.records.trajectory import Trajectory
 from gym_harness.rollout.console import Console, Progress
 from gym_harness.rollout.episode import (
     DEFAULT_FOLLOW_UP,
@@ -52,7 +53,6 @@ from gym_harness.rollout.groups import group_settings
 from gym_harness.rollout.keywords import check_keywords, keywords_text
 from gym_harness.rollout.local import local_rollout
 from gym_harness.tasks import Task, load_tasks
-from gym_harness.trajectory import Trajectory
 
 __all__ = ["main"]
 

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import TextIO
 
-from gym_harness.events import HarnessEvent
-from gym_harness.trajectory import Trajectory, TurnRecord, event_line
+from gym_harness.records.events import HarnessEvent
+from gym_harness.records.trajectory import Trajectory, TurnRecord, event_line
 
 __all__ = ["STATUS_INTERVAL_S", "Console", "Progress"]
 

@@ -28,6 +28,7 @@ import gymnasium
 
 from gym_harness.errors import ConfigError, WorkerLost
 from gym_harness.outcome import Outcome
+from gym_harness.records.trajectory import Trajectory
 from gym_harness.rollout.episode import (
     DEFAULT_FOLLOW_UP,
     DEFAULT_MAX_STEPS,
@@ -40,7 +41,6 @@ from gym_harness.rollout.episode import (
 )
 from gym_harness.rollout.groups import group_settings, run_task
 from gym_harness.tasks import Task
-from gym_harness.trajectory import Trajectory
 
 __all__ = [
     "Episode",

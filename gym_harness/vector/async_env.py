@@ -1,16 +1,19 @@
-"""HarnessVectorEnv: gymnasium's ``AsyncVectorEnv`` whose workers may die.
+"""HarnessVectorEnv: gymnasium's ``AsyncVectorEnv`` whose workers may die, on one core.
+
+As in EnvPool, ``step`` is ``send`` to every sub-env then ``recv`` of every sub-env;
+``send(actions, env_ids)``/``recv(min_envs)`` are the same core with fewer sub-envs
+(:class:`~gym_harness.vector.core.VectorCore`: the worker pipes and the one wait loop).
+``reset``, ``call`` and ``set_attr`` go through the same core.
 
 A worker process can die under any env: the out-of-memory killer picks the largest
 process, an operator kills one. gymnasium's own ``AsyncVectorEnv`` then raises a bare
 ``EOFError``, and its ``close()`` waits forever on replies it has already read. Here:
 
-* Every wait for replies also watches each worker's process (its sentinel, and its exit
-  status at least every half second): a worker that died is noticed, never waited on.
-* A step reports a worker that died as its sub-env's outcome, ``terminated`` with
-  ``info["error_type"] == "worker_lost"`` and the worker's pid and exit (signal or exit
-  code) in ``info["error"]``, as ``RayVectorEnv`` does for a lost actor. At the sub-env's
-  next step a fresh worker starts and resets it (the usual next-step autoreset); the
-  other sub-envs go on untouched.
+* A step (or ``recv``) reports a worker that died as its sub-env's outcome,
+  ``terminated`` with ``info["error_type"] == "worker_lost"`` and the worker's pid and
+  exit (signal or exit code) in ``info["error"]``, as ``RayVectorEnv`` does for a lost
+  actor. At the sub-env's next step a fresh worker starts and resets it (the usual
+  next-step autoreset); the other sub-envs go on untouched.
 * ``reset()``, ``call``, ``get_attr`` and ``set_attr`` replace a dead worker first. A
   worker that dies while resetting is replaced once more, and a second death raises
   ``WorkerLost``; so does a worker's death during a call (the sub-env's next step then
@@ -18,15 +21,25 @@ process, an operator kills one. gymnasium's own ``AsyncVectorEnv`` then raises a
 * ``close()`` never reads a reply twice nor waits on a dead pipe. It gives the workers
   ``close_timeout_s`` (or ``close(timeout=...)``) to close their envs, then SIGTERMs and,
   a second later, SIGKILLs the rest, so it returns within that bound plus about 2 s; the
-  keepers of killed workers end their harnesses and remove their workspaces.
+  keepers of killed workers end their harnesses and remove their workspaces. Sub-envs
+  still busy are ended (their late results are never read).
 
-The parent decides when a sub-env autoresets (next-step mode, as gymnasium's), so a
-worker holds no episode state and a fresh one needs nothing replayed. Workers run
-``gym_harness.vector.worker.run_worker``; an env's exception is raised in the parent
-with the worker's traceback as a note, and the worker goes on serving its env.
+**Autoreset** is gymnasium's next-step mode, per sub-env, decided by the parent: after a
+result that ended its episode, the sub-env's next step (or ``send``) resets it (the
+action is ignored) and its result is the reset's observation and info, reward 0,
+neither flag set. A worker holds no episode state, so a fresh one needs nothing replayed.
+
+**An env's exception** is raised in the parent with the worker's traceback as a note,
+and the worker goes on serving its env, which keeps its state. ``step`` raises it after
+every reply is in; ``recv`` raises it, and the results that came in with it wait for the
+next ``recv``.
+
+**Mixing**: ``step``, ``reset`` and ``call`` raise ``AlreadyPendingCallError`` while a
+sent sub-env's result is not received yet, and ``send`` while a ``step_async``,
+``reset_async`` or ``call_async`` waits.
 
 Threads: one caller thread drives the vector env (as for gymnasium's own); each worker
-process runs one env in its main thread.
+process runs one env in its main thread (``gym_harness.vector.worker.run_worker``).
 """
 
 from __future__ import annotations
@@ -36,41 +49,34 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from copy import deepcopy
-from multiprocessing import connection
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
-from gymnasium.vector import AsyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars, concatenate, iterate
+from gymnasium.vector.utils import concatenate, iterate
 
 from gym_harness.errors import WorkerLost
-from gym_harness.vector.ready import RESET, STEP, AsReady, ReadySteps, Result, result_of
+from gym_harness.vector.core import VectorCore
 from gym_harness.vector.resets import batch_seeds, pop_reset_mask
+from gym_harness.vector.results import AUTORESET, CALL, RESET, Batch
 from gym_harness.vector.worker import (
     WorkerFailure,
     describe_exit,
     end_processes,
     release_parent_side,
-    run_worker,
-    track,
 )
 
 __all__ = ["CLOSE_TIMEOUT_S", "HarnessVectorEnv"]
 
 #: How long ``close()`` lets the workers close their envs before it ends them.
 CLOSE_TIMEOUT_S = 5.0
-_SLICE_S = 0.5  # the longest a wait for replies goes without checking that the workers live
-_CALL = "call"
-_AUTORESET = {"seed": None, "options": None}
 
 
-class HarnessVectorEnv(AsReady, AsyncVectorEnv):
+class HarnessVectorEnv(VectorCore):
     """An ``AsyncVectorEnv`` (one worker process per sub-env) that survives a worker's death,
-    with EnvPool's as-ready pair ``send(actions, env_ids)`` / ``recv(min_envs)``
-    (:class:`~gym_harness.vector.ready.AsReady`).
+    with EnvPool's as-ready pair ``send(actions, env_ids)`` / ``recv(min_envs)``; ``step``
+    is ``send`` to all then ``recv`` of all.
 
     What ``make_vector_env`` (the ``vector_entry_point`` of every gym_harness id) builds:
     texts travel over the pipes (``shared_memory=False``), autoreset is next-step.
@@ -93,10 +99,6 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         array(['', 'worker_lost'], dtype=object)
     """
 
-    #: What ``_read`` gives for a worker still working, and for one that died.
-    WORKING: ClassVar[object] = object()
-    LOST: ClassVar[object] = object()
-
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gymnasium.Env[Any, Any]]],
@@ -105,26 +107,10 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         daemon: bool = True,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
     ) -> None:
-        n = len(env_fns)
         self.close_timeout_s = close_timeout_s
-        # Set before gymnasium's __init__, which checks the spaces through our pipes.
-        self._lost = [""] * n  # how sub-env i's worker ended; "" while it runs
-        self._unreported = [""] * n  # a loss no step has reported yet (its episode's end)
-        self._owed = [0] * n  # replies a worker still sends to calls nobody waits for
-        self._pending: dict[int, str] = {}  # sub-env -> the kind of its unanswered message
-        self._last_info: list[dict[str, Any]] = [{} for _ in range(n)]
-        self._autoreset = np.zeros(n, dtype=np.bool_)
-        self._mask = np.ones(n, dtype=np.bool_)
-        self._reset_kwargs: list[dict[str, Any]] = [dict(_AUTORESET) for _ in range(n)]
-        self._as_ready = ReadySteps(self)  # send/recv
-        track(self)  # workers forked later close this one's pipes (see worker.py)
-        super().__init__(
-            env_fns,
-            shared_memory=False,
-            context=context,
-            daemon=daemon,
-            worker=run_worker,  # type: ignore[arg-type]  # gymnasium's hint lists 6 of the 8 args
-        )
+        self._mask = np.ones(len(env_fns), dtype=np.bool_)  # the sub-envs of the last reset
+        self._reset_kwargs: list[dict[str, Any]] = [dict(AUTORESET) for _ in env_fns]
+        super().__init__(env_fns, context=context, daemon=daemon)
 
     # ----------------------------------------------------------------- reset
 
@@ -143,9 +129,9 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
                     self._restart(i)
                 self._unreported[i] = ""  # a new episode: the lost one needs no report
                 self._reset_kwargs[i] = {"seed": seeds[i], "options": options}
-                self._send(i, ("reset", self._reset_kwargs[i]), RESET)
+                self._post(i, ("reset", self._reset_kwargs[i]), RESET)
         except BaseException:
-            self._abandon_pending()  # whatever was sent is answered to nobody
+            self._abandon()  # whatever was sent is answered to nobody
             raise
         self._state = AsyncState.WAITING_RESET
 
@@ -161,7 +147,7 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         first = {i: self._lost[i] for i in wanted if i not in replies}
         for i in first:  # one more fresh worker each
             self._restart(i)
-            self._send(i, ("reset", self._reset_kwargs[i]), RESET)
+            self._post(i, ("reset", self._reset_kwargs[i]), RESET)
         if first:
             replies.update(self._collect("reset_wait", timeout))
         self._state = AsyncState.DEFAULT
@@ -185,56 +171,56 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
             infos = self._add_info(infos, info, i)
         return self._observe(observations), infos
 
-    # ----------------------------------------------------------------- step
+    # ----------------------------------------------------------------- step: send + recv
+
+    def step(self, actions: Any) -> Batch:
+        """Step every sub-env: ``send`` to all, then ``recv`` of all (EnvPool's ``step``).
+
+        A sub-env whose episode ended is reset instead (next-step autoreset); one whose
+        worker died reports ``worker_lost``.
+        """
+        self.step_async(actions)
+        return self.step_wait()
 
     def step_async(self, actions: Any) -> None:
-        """Send each sub-env its action; a reset where its episode ended or its worker died."""
+        """Send each sub-env its action (the ``send`` to all of ``step``)."""
         self._check_idle("step_async")
         try:
-            for i, action in enumerate(iterate(self.action_space, actions)):
-                if self._unreported[i]:
-                    continue  # this step reports the loss
-                if self._lost[i]:
-                    self._restart(i)
-                if self._autoreset[i]:
-                    self._send(i, ("reset", _AUTORESET), RESET)
-                else:
-                    self._send(i, ("step", action), STEP)
+            self._send_actions(list(iterate(self.action_space, actions)), range(self.num_envs))
         except BaseException:
-            self._abandon_pending()  # whatever was sent is answered to nobody
+            self._abandon()  # whatever was sent is answered to nobody
             raise
         self._state = AsyncState.WAITING_STEP
 
-    def step_wait(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """The batched step results; a sub-env whose worker died reports ``worker_lost``."""
+    def step_wait(self, timeout: float | None = None) -> Batch:
+        """The batched step results (the ``recv`` of all of ``step``).
+
+        Raises:
+            multiprocessing.TimeoutError: ``timeout`` passed first.
+            Exception: What a sub-env's env raised, once every reply is in.
+        """
         self._check_waiting(AsyncState.WAITING_STEP, "step_wait")
-        kinds = dict(self._pending)
-        replies = self._collect("step_wait", timeout)
+        try:
+            self._wait(self._outstanding, timeout, "step_wait")
+        except multiprocessing.TimeoutError:
+            self._abandon()
+            raise
         self._state = AsyncState.DEFAULT
+        results = self._hand_out(sorted(self._in))
         n = self.num_envs
         observations: list[Any] = list(self.observations)
         rewards = np.zeros(n, dtype=np.float64)
         terminations = np.zeros(n, dtype=np.bool_)
         truncations = np.zeros(n, dtype=np.bool_)
         infos: dict[str, Any] = {}
-        for i in range(n):
-            reply = replies.get(i)
-            if reply is None:
-                result = self._loss(i)
-            elif not reply[1]:
+        for i, result in results.items():
+            if isinstance(result, BaseException):
                 continue  # raised below
-            else:
-                result = result_of(kinds[i], reply[0], "", self._last_info[i])
             observations[i], rewards[i], terminations[i], truncations[i], info = result
-            self._last_info[i] = info
             infos = self._add_info(infos, info, i)
-        failed = [i for i, reply in replies.items() if not reply[1]]
-        ended = terminations | truncations
-        ended[failed] = self._autoreset[failed]  # an env that raised keeps its state
-        self._autoreset = ended
-        _raise_failures(replies)
+        for result in results.values():
+            if isinstance(result, BaseException):
+                raise result
         return self._observe(observations), rewards, terminations, truncations, infos
 
     # ----------------------------------------------------------------- calls
@@ -293,42 +279,15 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
         """
         bound = 0.0 if terminate else self.close_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + bound
-        self._abandon_pending()  # a pending call's replies are never read now
-        for i in self._as_ready.abandon():
-            self._owed[i] += 1
+        self._abandon()  # whatever is in flight is never read now
         live = [i for i in range(self.num_envs) if not self._lost[i]]
         if not terminate:
             for i in live:
                 with contextlib.suppress(Exception):
-                    self._send(i, ("close", None), _CALL)
-            self._pending = {}
+                    self._post(i, ("close", None), CALL)
+            self._pending, self._in = {}, {}
         end_processes([self.processes[i] for i in live], deadline)
         release_parent_side(self.parent_pipes, self.processes, self.error_queue)
-
-    # ----------------------------------------------------------------- internals
-
-    def _check_idle(self, what: str) -> None:
-        self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `{what}` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.",
-                str(self._state.value),
-            )
-        if self._as_ready.outstanding:
-            raise AlreadyPendingCallError(
-                f"Calling `{what}` while {self._as_ready.outstanding} sub-env(s) sent to "
-                "with send() have results not received yet: recv() them first.",
-                "send",
-            )
-
-    def _check_waiting(self, state: AsyncState, what: str) -> None:
-        self._assert_is_running()
-        if self._state != state:
-            raise NoAsyncCallError(
-                f"Calling `{what}` without any prior call to `{state.value}_async`.",
-                state.value,
-            )
 
     def _send_all(self, messages: Sequence[tuple[str, Any]]) -> None:
         """Send sub-env ``i`` ``messages[i]`` as a call, fresh workers first for dead ones
@@ -337,118 +296,11 @@ class HarnessVectorEnv(AsReady, AsyncVectorEnv):
             for i, message in enumerate(messages):
                 if self._lost[i]:
                     self._restart(i)
-                self._send(i, message, _CALL)
+                self._post(i, message, CALL)
         except BaseException:
-            self._abandon_pending()
+            self._abandon()
             raise
         self._state = AsyncState.WAITING_CALL
-
-    def _send(self, i: int, message: tuple[str, Any], kind: str) -> None:
-        """Send one command to sub-env ``i``'s worker; a dead worker is marked lost."""
-        if self._post(i, message):
-            self._pending[i] = kind
-
-    def _post(self, i: int, message: tuple[str, Any]) -> bool:
-        """Write one command to sub-env ``i``'s pipe; False (and marked lost) if it died."""
-        try:
-            self.parent_pipes[i].send(message)
-        except OSError:  # BrokenPipeError, ConnectionResetError: it died while idle
-            self._lose(i)
-            return False
-        return True
-
-    def _collect(self, what: str, timeout: float | None) -> dict[int, tuple[Any, bool]]:
-        """Wait for the reply of every pending sub-env; those whose worker died are missing.
-
-        Raises:
-            multiprocessing.TimeoutError: ``timeout`` passed first (late replies are
-                skipped when they come).
-        """
-        waiting, self._pending = set(self._pending), {}
-        replies: dict[int, tuple[Any, bool]] = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            for i in sorted(waiting):
-                reply = self._read(i)
-                if reply is not self.WORKING:
-                    waiting.discard(i)
-                    if reply is not self.LOST:
-                        replies[i] = reply
-            if not waiting:
-                return replies
-            slice_s = _SLICE_S
-            if deadline is not None:
-                slice_s = min(slice_s, deadline - time.monotonic())
-                if slice_s <= 0:
-                    for i in waiting:
-                        self._owed[i] += 1
-                    self._state = AsyncState.DEFAULT
-                    raise multiprocessing.TimeoutError(
-                        f"The call to `{what}` has timed out after {timeout} second(s)."
-                    )
-            watched: list[Any] = [self.parent_pipes[i] for i in waiting]
-            watched += [self.processes[i].sentinel for i in waiting]
-            connection.wait(watched, slice_s)
-
-    def _read(self, i: int) -> Any:
-        """Sub-env ``i``'s reply, ``WORKING`` while none came, or ``LOST`` (then marked)."""
-        pipe = self.parent_pipes[i]
-        alive = self.processes[i].is_alive()  # first: what it sent before dying is in the pipe
-        try:
-            while pipe.poll():
-                reply = pipe.recv()
-                if not self._owed[i]:
-                    return reply
-                self._owed[i] -= 1  # the late reply to a call nobody waits for now
-        except (EOFError, OSError):
-            alive = False
-        if alive:
-            return self.WORKING
-        self._lose(i)
-        return self.LOST
-
-    def _loss(self, i: int) -> Result:
-        """The result that reports sub-env ``i``'s lost worker (once)."""
-        lost, self._unreported[i] = self._unreported[i] or self._lost[i], ""
-        return result_of(STEP, None, lost, self._last_info[i])
-
-    def _lose(self, i: int) -> None:
-        """Mark sub-env ``i``'s worker lost: close its pipe, reap (or kill) the process."""
-        process = self.processes[i]
-        with contextlib.suppress(OSError):
-            self.parent_pipes[i].close()
-        end_processes([process], time.monotonic())
-        self._owed[i] = 0
-        how = describe_exit(process.exitcode)
-        self._lost[i] = self._unreported[i] = (
-            f"the vector worker of sub-env {i} (pid {process.pid}) {how}"
-        )
-
-    def _restart(self, i: int) -> None:
-        """A fresh worker for sub-env ``i``: its env is made anew, and reset at its next step."""
-        context = multiprocessing.get_context(self.context)
-        parent_pipe, child_pipe = context.Pipe()
-        process = context.Process(  # type: ignore[attr-defined]
-            target=self.worker,
-            name=f"Worker<{type(self).__name__}>-{i}",
-            args=(
-                *(i, CloudpickleWrapper(self.env_fns[i]), child_pipe, parent_pipe),
-                *(None, self.error_queue, self.autoreset_mode, None),  # as gymnasium passes
-            ),
-            daemon=self.daemon,
-        )
-        with clear_mpi_env_vars():
-            process.start()
-        child_pipe.close()
-        self.parent_pipes[i], self.processes[i] = parent_pipe, process
-        self._lost[i], self._owed[i] = "", 0
-        self._autoreset[i] = True
-
-    def _abandon_pending(self) -> None:
-        for i in self._pending:
-            self._owed[i] += 1
-        self._pending = {}
-        self._state = AsyncState.DEFAULT
 
     def _answers(self, replies: dict[int, tuple[Any, bool]]) -> tuple[Any, ...]:
         self._state = AsyncState.DEFAULT

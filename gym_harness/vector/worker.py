@@ -33,7 +33,7 @@ from typing import Any
 import gymnasium
 
 from gym_harness.outcome import Outcome
-from gym_harness.trajectory import StepInfo
+from gym_harness.records.trajectory import StepInfo
 
 __all__ = [
     "WorkerFailure",

@@ -68,12 +68,13 @@ def cli_path(name: str) -> str:
 
 
 def real_cli(timeout: int) -> Callable[[_Test], _Test]:
-    """Mark a test as driving a real CLI: ``cli``, a ``timeout`` and the loopback-only netns."""
+    """Mark a test as driving a real CLI: ``cli``, ``slow``, a ``timeout`` and the
+    loopback-only netns."""
 
     def mark(test: _Test) -> _Test:
         test = pytest.mark.usefixtures("isolated_network")(test)
         test = pytest.mark.timeout(timeout)(test)
-        return pytest.mark.cli(test)
+        return pytest.mark.slow(pytest.mark.cli(test))
 
     return mark
 

@@ -56,10 +56,12 @@ __all__ = [
     "QuietHandler",
     "Raw",
     "Reply",
+    "SRV_OPTIONS",
     "ScriptedModelServer",
     "Stall",
     "read_body",
-    "scripted_model_server",
+    "srv",
+    "srv_options",
 ]
 
 _GEMINI_PATH = re.compile(r"/models/([^/:]+):(streamGenerateContent|generateContent|countTokens)$")
@@ -924,8 +926,23 @@ class _Handler(QuietHandler):
         self.server.owner._handle(self)
 
 
+#: What the ``srv`` fixture's server scripts: a call of the tool ``add`` with a=2, b=3.
+SRV_OPTIONS: dict[str, Any] = {"tool": "add", "arguments": {"a": 2, "b": 3}}
+
+
 @pytest.fixture
-def scripted_model_server() -> Iterator[ScriptedModelServer]:
-    """A started :class:`ScriptedModelServer`, stopped after the test."""
-    with ScriptedModelServer() as srv:
-        yield srv
+def srv_options() -> dict[str, Any]:
+    """The ``srv`` fixture's :class:`ScriptedModelServer` options; a test module overrides it."""
+    return SRV_OPTIONS
+
+
+@pytest.fixture
+def srv(srv_options: dict[str, Any]) -> Iterator[ScriptedModelServer]:
+    """A started :class:`ScriptedModelServer`, released and stopped after the test.
+
+    The one server fixture of the tests (the ``capture`` and ``model`` parts' conftests
+    import it); its options come from the ``srv_options`` fixture.
+    """
+    with ScriptedModelServer(**srv_options) as server:
+        yield server
+        server.release()  # a stalled request must not outlive the test

@@ -1,4 +1,4 @@
-"""A line-protocol v1 harness that tries to escape its confinement (tests/test_sandbox.py).
+"""A line-protocol v1 harness that tries to escape its confinement (tests/process/test_sandbox.py).
 
 Each message is a JSON object ``{"try": NAME, ...arguments}``; the harness attempts
 that escape and answers with a JSON text ``{"ok": bool, "detail": str}``: ``ok`` is

@@ -1,4 +1,4 @@
-"""A line-protocol v1 harness that misbehaves on request (tests/test_no_escape.py).
+"""A line-protocol v1 harness that misbehaves on request (tests/env/test_no_escape.py).
 
 Usage: ``python hostile.py [deaf]``. It prints ``{"type":"ready"}``; with ``deaf``
 it then never reads its stdin. Otherwise each message's content says what to do:
