@@ -215,19 +215,23 @@ def test_task_files_are_never_written_through_a_link(tier: str, tmp_path: Path) 
     template = tmp_path / "template"
     (template / "inner").mkdir(parents=True)
     (template / "src").symlink_to("inner")  # inside the template: kept
-    tasks = [{"id": "t", "prompt": "p", "files": {"src/planted.py": "x", "ok.txt": "y"}}]
-    env = escaper(sandbox=tier, workspace=str(template), tasks=tasks)
+    through = {"id": "t", "prompt": "p", "files": {"src/planted.py": "x", "ok.txt": "y"}}
+    env = escaper(sandbox=tier, workspace=str(template), tasks=[through])
     try:
         with pytest.raises(ConfigError, match=r"'src' in the workspace is a link"):
             env.reset()
-        env = escaper(sandbox=tier, workspace=str(template), tasks=[{**tasks[0], "files": {
-            "ok.txt": "y"}}])  # fmt: skip
+    finally:
+        env.close()
+    beside = {"id": "t", "prompt": "p", "files": {"ok.txt": "y"}}
+    env = escaper(sandbox=tier, workspace=str(template), tasks=[beside])
+    try:
         env.reset()
         workspace = HarnessEnv.of(env).workspace
         assert workspace is not None and (workspace / "src").is_symlink()
         assert (workspace / "ok.txt").read_text() == "y"
     finally:
         env.close()
+    assert list((template / "inner").iterdir()) == []
 
 
 # ------------------------------------------------------------ 5, 6. memory, disk
