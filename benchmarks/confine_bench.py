@@ -2,7 +2,8 @@
 
 ``gym_harness/process/confine.py`` is loaded by file path, as the keeper loads it. The
 policy is a keeper's: the system read-only, a workspace, a home and a TMPDIR writable,
-the terminal devices, three TCP ports, scope, seccomp and (as root) dropped capabilities.
+the devices by name, three TCP ports, scope, seccomp, (as root) dropped capabilities, and
+the mount namespace that shows the harness only those paths, where the kernel offers it.
 
 * prepare: one call in this process (open the paths, build the ruleset; the seccomp
   program is built once per process and reused), then ``close``.
@@ -49,7 +50,7 @@ def keeper_policy(confine: ModuleType, scratch: Path) -> dict[str, object]:
     policy: dict[str, object] = {
         "read": read,
         "write": [str(folder) for folder in writable],
-        "devices": ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty", "/dev/pts", "/dev/ptmx"],
+        "devices": list(confine.VIEW_DEVICES),
         "seccomp": bool(offered["seccomp"]),
         "drop_caps": os.geteuid() == 0,
     }
@@ -57,6 +58,8 @@ def keeper_policy(confine: ModuleType, scratch: Path) -> dict[str, object]:
         policy["connect"] = [40001, 40002, 40003]
     if offered["scope"]:
         policy["scope"] = True
+    if not offered["view"]:  # "" when a mount namespace can be made here
+        policy.update(view=True, shm_mb=512)
     return policy
 
 
@@ -112,11 +115,17 @@ def main() -> None:
     probe_cached = median(timed(confine.probe) for _ in range(args.runs))
     with tempfile.TemporaryDirectory(prefix="confine-bench-") as scratch:
         policy = keeper_policy(confine, Path(scratch))
+        os.chdir(Path(scratch) / "workspace")  # as the keeper does: the view must hold it
         prepare_first = time_prepare(confine, policy)  # ctypes, struct, the BPF program
         prepares = [time_prepare(confine, policy) for _ in range(args.runs)]
         prepared = confine.prepare(policy)
+        plain = confine.prepare({k: v for k, v in policy.items() if k not in ("view", "shm_mb")})
         try:
-            applies = [time_apply(confine, prepared) for _ in range(args.runs)]
+            pairs = interleaved(
+                args.runs,
+                view=lambda: time_apply(confine, prepared),
+                plain=lambda: time_apply(confine, plain),
+            )
             spawns = interleaved(
                 args.runs,
                 bare=lambda: time_spawn(confine, None),
@@ -124,13 +133,22 @@ def main() -> None:
             )
         finally:
             prepared.close()
+            plain.close()
+            os.chdir(ROOT)
     us, n = 1e6, f"n={args.runs}"
     rows = [
         Row("probe(), first call (forks once)", probe_first * us, 0, "us"),
         Row("probe(), cached", probe_cached * us, 0, "us", note=n),
         Row("prepare(), first call", prepare_first * us, 0, "us"),
         Row("prepare()", median(prepares) * us, 0, "us", note=n),
-        Row("apply() in the child", median(applies) * us, 0, "us", note=n),
+        Row(
+            "apply() in the child",
+            median(pairs["view"]) * us,
+            median(pairs["plain"]) * us,
+            "us",
+            baseline_name="apply() without the view",
+            note=n,
+        ),
         Row(
             "fork, apply, exec true, reap",
             median(spawns["confined"]) * us,

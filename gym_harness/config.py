@@ -42,6 +42,8 @@ DEFAULT_INHERIT_ENV: tuple[str, ...] = (
     "TZ",
     "PYTHONPATH",
 )
+#: The disk an episode's workspace, home and tmp may hold by default (``max_workspace_bytes``).
+DEFAULT_WORKSPACE_BYTES = 4 << 30
 #: The ``sandbox`` settings: use what the kernel offers, demand all of it, or none.
 SANDBOX_TIERS = ("auto", "strict", "off")
 #: The ``mode`` settings: a step is a user turn, or a step answers one model call.
@@ -71,6 +73,8 @@ class ProcessSpec:
         sandbox: ``"auto"``, ``"strict"`` or ``"off"`` (see ``HarnessConfig``).
         memory_limit_mb: Resident memory the whole tree may use; ``None`` for no limit.
         max_processes: Processes the tree may hold at once; ``None`` for no limit.
+        max_workspace_bytes: Disk the episode's workspace, home and tmp may hold;
+            ``None`` for no limit.
         readable_paths: More paths the confined harness may read (and execute).
         connect_ports: More TCP ports the confined harness may connect to.
 
@@ -91,6 +95,7 @@ class ProcessSpec:
     sandbox: str = "auto"
     memory_limit_mb: int | None = None
     max_processes: int | None = None
+    max_workspace_bytes: int | None = DEFAULT_WORKSPACE_BYTES
     readable_paths: Sequence[str] = ()
     connect_ports: Sequence[int] = ()
 
@@ -179,6 +184,9 @@ class HarnessConfig:
             it the tree is ended and the turn is ``resource_limit``. ``None``: no limit.
         max_processes: Processes the harness's tree may hold at once; past it the tree
             is ended and the turn is ``resource_limit``. ``None``: no limit.
+        max_workspace_bytes: Disk the episode's workspace, private home and tmp may hold
+            together (4 GiB by default); past it the tree is ended and the turn is
+            ``resource_limit``. ``None``: no limit.
         readable_paths: Paths a confined harness may read and execute beside its own
             install tree, the interpreter and the system directories (a data set, say).
         connect_ports: TCP ports a confined harness may connect to beside the env's
@@ -236,6 +244,7 @@ class HarnessConfig:
     sandbox: str = "auto"
     memory_limit_mb: int | None = None
     max_processes: int | None = None
+    max_workspace_bytes: int | None = DEFAULT_WORKSPACE_BYTES
     readable_paths: Sequence[str] = ()
     connect_ports: Sequence[int] = ()
     max_fork_bytes: int = 1 << 30
@@ -308,7 +317,7 @@ class HarnessConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"HarnessConfig.{name} must be a positive int, got {value!r}.")
-        for name in ("memory_limit_mb", "max_processes"):
+        for name in ("memory_limit_mb", "max_processes", "max_workspace_bytes"):
             value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -395,6 +404,7 @@ class HarnessConfig:
             sandbox=self.sandbox,
             memory_limit_mb=self.memory_limit_mb,
             max_processes=self.max_processes,
+            max_workspace_bytes=self.max_workspace_bytes,
             readable_paths=self.readable_paths,
             connect_ports=self.connect_ports,
         )

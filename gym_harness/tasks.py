@@ -7,6 +7,8 @@ content written into the episode's fresh workspace.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -90,11 +92,55 @@ class Task:
         }
 
     def write_files(self, workspace: Path, *, hidden: bool = False) -> None:
-        """Write ``files`` (``hidden_files`` if ``hidden``) under ``workspace``."""
+        """Write ``files`` (``hidden_files`` if ``hidden``) under ``workspace``.
+
+        No component of a file's path is resolved through a link (a workspace template
+        may hold links): each directory is opened with ``O_NOFOLLOW`` beneath the last.
+
+        Raises:
+            ConfigError: A component of a file's path is a link, or not a directory.
+            OSError: The write itself failed (no space left, say).
+        """
         for rel, content in (self.hidden_files if hidden else self.files).items():
-            path = workspace / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content, encoding="utf-8")
+            write_beneath(workspace, rel, content.encode("utf-8"))
+
+
+def write_beneath(top: Path, rel: str, data: bytes) -> None:
+    """Write ``data`` to ``top/rel``, making its directories, following no link on the way.
+
+    Raises:
+        ConfigError: A component of ``rel`` is a link, or a file where a directory must be.
+    """
+    *folders, name = PurePosixPath(rel).parts
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    step = ""
+    try:
+        for folder in folders:
+            step = f"{step}/{folder}" if step else folder
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, dir_fd=fd)
+            inner = _open_beneath(fd, folder, os.O_RDONLY | os.O_DIRECTORY, rel, step)
+            os.close(fd)
+            fd = inner
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        out = _open_beneath(fd, name, flags, rel, rel)
+        with open(out, "wb") as stream:
+            stream.write(data)
+    finally:
+        os.close(fd)
+
+
+def _open_beneath(fd: int, name: str, flags: int, rel: str, step: str) -> int:
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise ConfigError(
+            f"task file {rel!r}: {step!r} in the workspace is a link or not a directory; "
+            "task files are never written through links. Remove it from the workspace "
+            "template, or write the file elsewhere."
+        ) from None
 
 
 def _check_relative(path: str, where: str) -> None:

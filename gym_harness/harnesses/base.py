@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import ForkUnsupported
+from gym_harness.errors import ForkUnsupported, HarnessStartError
 from gym_harness.records.calls import SIDE_MODEL
 from gym_harness.records.events import HarnessEvent
 from gym_harness.utils.trees import copy_tree
@@ -278,8 +278,15 @@ class Harness(ABC):
         (a forked launch; the adapter's own config files are then written over them)."""
         origin = self.fork_origin
         if origin is not None:
-            copy_tree(origin.directory / "workspace", ctx.workspace)
-            copy_tree(origin.directory / "home", ctx.home)
+            try:
+                copy_tree(origin.directory / "workspace", ctx.workspace)
+                copy_tree(origin.directory / "home", ctx.home)
+            except OSError as exc:  # a full disk, most likely: say so, never a bare OSError
+                raise HarnessStartError(
+                    f"could not copy the parent's workspace and home for a fork: {exc}. "
+                    "Free space on the disk that holds the workspaces, or point TMPDIR at "
+                    "a larger one."
+                ) from exc
         return origin
 
     def default_config(self) -> HarnessConfig:

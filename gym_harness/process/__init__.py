@@ -15,6 +15,10 @@
 * :mod:`~gym_harness.process.confine`: the kernel confinement a harness gets between
   fork and exec (Landlock, no-new-privs, capabilities, seccomp; standard library only,
   loaded by the keeper by file path).
+* :mod:`~gym_harness.process.view`: the harness's own mount namespace, which shows only
+  what it is granted (loaded by ``confine`` by file path).
+* :mod:`~gym_harness.process.seccomp`: the seccomp filter, what it refuses and why
+  (loaded the same way).
 * :mod:`~gym_harness.process.sandbox`: what a confined harness may reach, and what this
   kernel enforces of it (``HarnessConfig.sandbox``).
 * :mod:`~gym_harness.process.netns`: an env's own network namespace (``"strict"``).

@@ -20,6 +20,14 @@ What each layer enforces (the policy keys that ask for it in parentheses):
 * Landlock scope, ABI 6 (``scope``): no signal to, nor connect to an abstract unix socket
   of, a process outside the sandbox (the keeper included).
 * seccomp (``seccomp``): the calls of :data:`SECCOMP_WHY`.
+* a mount namespace (``view``): the child sees only the paths it is granted, each at its
+  own path (bound from the host, the links along the way re-made), a ``/dev`` of the
+  devices it is granted by name, a private ``/dev/pts`` (a new devpts instance: its own
+  terminals only) and a private ``/dev/shm`` (tmpfs, ``shm_mb`` large). A pathname unix
+  socket outside the granted paths (a multiprocessing forkserver's, Ray's, a session
+  bus) has no path there, so no ``connect`` reaches it; as root the namespace is the
+  child's own, otherwise inside a user namespace of its own (uid and gid mapped to
+  themselves).
 
 What they do not enforce (kernel documentation, and measured here on Linux 6.18, ABI 7):
 
@@ -33,7 +41,8 @@ What they do not enforce (kernel documentation, and measured here on Linux 6.18,
   ``connect``): the seccomp filter refuses both. ``listen`` on an unbound socket takes an
   ephemeral port on every address without a ``bind`` for Landlock to check.
 * Connecting to a pathname unix socket needs no right before ABI 9
-  (``LANDLOCK_ACCESS_FS_RESOLVE_UNIX``, handled from that ABI on); only creating one does.
+  (``LANDLOCK_ACCESS_FS_RESOLVE_UNIX``, handled from that ABI on); only creating one does:
+  the mount namespace (``view``) is what hides the sockets outside.
 * Files and sockets open before :func:`apply` (the harness's pipes) are not checked.
 * Landlock and seccomp bind the calling thread and what it starts later: call
   :func:`apply` in a single-threaded process (after ``fork``).
@@ -45,8 +54,13 @@ from __future__ import annotations
 import os
 import stat  # already loaded by os
 
-__all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "Prepared", "apply", "bring_loopback_up",
-           "prepare", "probe"]  # fmt: skip
+TYPE_CHECKING = False  # no typing import at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = ["SECCOMP_DENIED", "SECCOMP_WHY", "VIEW_DEVICES", "Prepared", "apply",
+           "bring_loopback_up", "prepare", "probe"]  # fmt: skip
 
 # Landlock (linux/landlock.h); its syscalls are 444-446 on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
@@ -62,75 +76,54 @@ _NET_BIND_TCP, _NET_CONNECT_TCP, _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1
 
 # prctl, capabilities, network interfaces, errno.
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
-_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _PR_SET_DUMPABLE = 22, 2, 4
 _CAP_VERSION_3, _CAP_SETPCAP = 0x20080522, 8
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_EPERM, _EINVAL, _ENOSYS, _EOPNOTSUPP = 1, 22, 38, 95
+_CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWNS = 0x10000000, 0x40000000, 0x00020000
+#: The character devices a view's ``/dev`` holds, when the policy grants them.
+VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
-# seccomp BPF (linux/filter.h, linux/seccomp.h). struct seccomp_data: nr, arch, then
-# args[i] at 16 + 8 i, of which the filter reads the low 32 bits (little-endian).
-_LD_W_ABS, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
-_NR, _ARCH, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40
-_RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-_SECCOMP_GET_ACTION_AVAIL, _X32_BIT = 2, 0x40000000
-_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _SOCK_STREAM, _IPPROTO_TCP = 1, 2, 10, 16, 1, 6
-_MSG_FASTOPEN = 0x20000000
-_CLONE_NEW = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET (NEWTIME: clone3)
+# The seccomp filter (seccomp.py beside this file, loaded by its path as we are).
+_RET_KILL_PROCESS, _SECCOMP_GET_ACTION_AVAIL, _EINVAL, _EOPNOTSUPP = 0x80000000, 2, 22, 95
 
-#: Why the seccomp filter refuses each call (space-separated names, then the answer and
-#: its reason). Every other call is allowed; another architecture's calls kill the
-#: process (their numbers mean other calls), and x32 numbers on x86_64 get EPERM.
-SECCOMP_WHY: tuple[tuple[str, str], ...] = (
-    ("socket", "EPERM unless AF_UNIX, AF_NETLINK, or AF_INET/AF_INET6 SOCK_STREAM with "
-     "protocol 0 or IPPROTO_TCP: no UDP, ICMP, raw or packet socket (Landlock covers TCP "
-     "only), no MPTCP or SCTP (they pass its TCP rules), no other family (vsock reaches a "
-     "VM's host; AF_ALG, RDS ... are kernel attack surface)"),
-    ("sendto sendmsg sendmmsg", "EPERM with MSG_FASTOPEN: a TCP connect Landlock misses"),
-    ("clone", "EPERM with a CLONE_NEW* flag: a user namespace hands back every capability"),
-    ("clone3", "ENOSYS: its flags sit in memory a filter cannot read; libc falls back to "
-     "clone, as in containers"),
-    ("unshare setns", "EPERM: namespaces, as for clone"),
-    ("ptrace process_vm_readv process_vm_writev", "EPERM: reading or steering other "
-     "processes, inside the sandbox too (Landlock covers those outside it)"),
-    ("bpf perf_event_open userfaultfd", "EPERM: kernel attack surface no harness needs"),
-    ("io_uring_setup io_uring_enter io_uring_register", "EPERM: io_uring opens files and "
-     "sockets where seccomp never sees them"),
-    ("mount umount2 pivot_root move_mount open_tree open_tree_attr fsopen fsconfig "
-     "fsmount fspick mount_setattr", "EPERM: the tree stays the one Landlock's rules see"),
-    ("kexec_load kexec_file_load init_module finit_module delete_module", "EPERM: kernel code"),
-    ("keyctl add_key request_key", "EPERM: keyrings are per user, shared with every "
-     "process of the uid, sandboxed or not"),
-)  # fmt: skip
+
+def _sibling(name: str) -> Any:
+    """``NAME.py`` beside this file, loaded by its path once (as the keeper loads us)."""
+    module = _cache.get(f"module:{name}")
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_gym_harness_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = _cache[f"module:{name}"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+_cache: dict[str, object] = {}
+_seccomp = _sibling("seccomp")
+#: Why the seccomp filter refuses each call (``seccomp.SECCOMP_WHY``).
+SECCOMP_WHY: tuple[tuple[str, str], ...] = _seccomp.SECCOMP_WHY
 #: The calls the seccomp filter refuses (some only with the arguments SECCOMP_WHY names).
-SECCOMP_DENIED: tuple[str, ...] = tuple(" ".join(names for names, _ in SECCOMP_WHY).split())
-_BY_ARGUMENT = ("socket", "sendto", "sendmsg", "sendmmsg", "clone", "clone3")
+SECCOMP_DENIED: tuple[str, ...] = _seccomp.SECCOMP_DENIED
+_NUMBERS: dict[str, tuple[int, int]] = _seccomp.NUMBERS
+_ARCHES: dict[str, tuple[int, int]] = _seccomp.ARCHES
 
 # fmt: off
-#: Syscall numbers (x86_64, aarch64); from io_uring (425) on both tables agree.
-_NUMBERS = {
-    "socket": (41, 198), "sendto": (44, 206), "sendmsg": (46, 211), "sendmmsg": (307, 269),
-    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268),
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
-    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427), "mount": (165, 40), "umount2": (166, 39),
-    "pivot_root": (155, 41), "move_mount": (429, 429), "open_tree": (428, 428),
-    "open_tree_attr": (467, 467), "fsopen": (430, 430), "fsconfig": (431, 431),
-    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
-    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
-    "finit_module": (313, 273), "delete_module": (176, 106), "keyctl": (250, 219),
-    "add_key": (248, 217), "request_key": (249, 218), "seccomp": (317, 277),
-}
 #: Policy keys and what each holds (None or absent: that layer is not asked for).
-_POLICY = {"read": str, "write": str, "devices": str, "connect": int, "bind": int,
-           "scope": bool, "seccomp": bool, "drop_caps": bool}
+_POLICY: dict[str, type | str] = {
+    "read": str, "write": str, "devices": str, "connect": int, "bind": int,
+    "scope": bool, "seccomp": bool, "drop_caps": bool, "view": bool, "shm_mb": "size",
+}
 # fmt: on
-#: os.uname().machine -> (AUDIT_ARCH_*, its column in _NUMBERS).
-_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
-_WANTED = {str: "a list of absolute paths", int: "a list of TCP ports", bool: "True or False"}
+_WANTED = {
+    str: "a list of absolute paths",
+    int: "a list of TCP ports",
+    bool: "True or False",
+    "size": "a positive int (MiB)",
+}
 _NETNS_WAIT_S = 5.0
-_cache: dict[str, object] = {}
 
 
 class _Libc:
@@ -150,6 +143,9 @@ class _Libc:
         self.prctl.argtypes = (ctypes.c_int, word, word, word, word)
         self.capget.argtypes = self.capset.argtypes = (word, word)
         self.unshare = libc.unshare
+        self.mount = libc.mount
+        self.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, word,
+                               ctypes.c_char_p)  # fmt: skip
 
     def syscall(self, name: str, nr: int, *args: object) -> int:
         wrapped = [self.ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)]
@@ -187,7 +183,8 @@ def probe() -> dict[str, object]:
         return dict(cached)
     abi = _landlock_abi()
     found: dict[str, object] = {"landlock_abi": abi, "fs": abi >= 1, "net_tcp": abi >= 4}
-    found.update(scope=abi >= 6, seccomp=_seccomp_available(), netns=_netns_check())
+    netns, view = _namespace_checks()
+    found.update(scope=abi >= 6, seccomp=_seccomp_available(), netns=netns, view=view)
     _cache["probe"] = found
     return dict(found)
 
@@ -217,14 +214,34 @@ def _seccomp_available() -> bool:
     return True
 
 
-def _netns_check() -> str:
+def _namespace_checks() -> tuple[str, str]:
+    """Whether a network namespace, and a mount namespace with a view, can be made here:
+    "" for each that can, else why not (a forked child tries each)."""
+    libc = _libc()
+
+    def netns() -> None:
+        if libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET):
+            raise OSError(libc.ctypes.get_errno() or 1, "unshare")
+
+    def view() -> None:
+        _sibling("view").check(libc)
+
+    return _in_child(netns), _in_child(view)
+
+
+def _in_child(check: Callable[[], None]) -> str:
+    """Run ``check`` in a forked child: "" if it returned, else why not."""
     import time
 
-    libc = _libc()
     pid = os.fork()
     if pid == 0:  # only calls into the libc already loaded, then leaves
-        failed = libc.unshare(_CLONE_NEWNET) and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-        os._exit((libc.ctypes.get_errno() or 1) if failed else 0)
+        try:
+            check()
+        except OSError as exc:
+            os._exit(exc.errno or 1)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
     deadline = time.monotonic() + _NETNS_WAIT_S
     while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -246,13 +263,25 @@ class Prepared:
         ruleset_fd: The Landlock ruleset (close-on-exec), or -1 without Landlock rules.
         seccomp: Whether :func:`apply` loads the seccomp filter.
         drop_caps: Whether :func:`apply` drops every capability.
+        view: What :func:`apply` mounts in the child's own mount namespace (``binds``:
+            ``(source, target)`` directories; ``links``: ``(path, target)``; ``shm_mb``), or
+            None for no mount namespace.
         closed: Whether :meth:`close` ran.
     """
 
-    def __init__(self, libc: _Libc, ruleset_fd: int, program: bytes | None, drop_caps: bool):
+    def __init__(
+        self,
+        libc: _Libc,
+        ruleset_fd: int,
+        program: bytes | None,
+        drop_caps: bool,
+        view: dict[str, object] | None = None,
+        handled_fs: int = 0,
+    ) -> None:
         ctypes = libc.ctypes
         self._libc = libc
         self.ruleset_fd, self.drop_caps, self.closed = ruleset_fd, drop_caps, False
+        self.view, self._handled_fs = view, handled_fs
         self.seccomp = program is not None
         # What apply() points the kernel at, allocated here: capget's header and data,
         # zeros for capset, and struct sock_fprog (a count, then, aligned, a pointer).
@@ -311,10 +340,12 @@ def prepare(policy: dict[str, object]) -> Prepared:
     fs = any(policy.get(key) is not None for key in ("read", "write", "devices"))
     net = any(policy.get(key) is not None for key in ("connect", "bind"))
     scope, seccomp = bool(policy.get("scope")), bool(policy.get("seccomp"))
+    view = bool(policy.get("view"))
     for missing, what, key in (
         (fs and abi < 1, "paths (read/write/devices) need Landlock", "fs"),
         (net and abi < 4, f"TCP ports (connect/bind) need Landlock ABI 4, not {abi}", "net_tcp"),
         (scope and abi < 6, f"scope needs Landlock ABI 6, not {abi}", "scope"),
+        (view and bool(probe()["view"]), f"view: {probe()['view']}", "view"),
         (seccomp and machine not in _ARCHES, f"no seccomp filter for {machine}", "seccomp"),
     ):
         if missing:
@@ -333,8 +364,9 @@ def prepare(policy: dict[str, object]) -> Prepared:
         except BaseException:
             os.close(ruleset)
             raise
-    program = _filter_program(machine) if seccomp else None
-    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")))
+    program = _seccomp.program(machine, _cache) if seccomp else None
+    plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
+    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
 
 
 def _check_policy(policy: object) -> None:
@@ -346,9 +378,13 @@ def _check_policy(policy: object) -> None:
             raise ValueError(f"confinement policy: unknown key {key!r}; known: {list(_POLICY)}")
         if value is not None and not _valid(value, kind):
             raise ValueError(f"confinement policy: {key} must be {_WANTED[kind]}, not {value!r}")
+    if policy.get("view") and not policy.get("read"):
+        raise ValueError("confinement policy: view needs read (the paths the view shows)")
 
 
-def _valid(value: object, kind: type) -> bool:
+def _valid(value: object, kind: type | str) -> bool:
+    if kind == "size":
+        return type(value) is int and value > 0
     if kind is bool or not isinstance(value, list | tuple):
         return kind is bool and isinstance(value, bool)
     if kind is str:
@@ -384,64 +420,24 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
         os.close(fd)
 
 
-def _filter_program(machine: str) -> bytes:
-    """The seccomp filter of :data:`SECCOMP_WHY` for ``machine``, built once."""
-    cached = _cache.get(f"bpf:{machine}")
-    if isinstance(cached, bytes):
-        return cached
-    audit_arch, column = _ARCHES[machine]
-    nrs = {name: numbers[column] for name, numbers in _NUMBERS.items()}
-    code: list[str | tuple[int | str, ...]] = [(_LD_W_ABS, _ARCH), (_JEQ, audit_arch, 0, "kill")]
-    code += [(_LD_W_ABS, _NR), (_JEQ, nrs["clone3"], "enosys", 0)]
-    if machine == "x86_64":
-        code.append((_JGE, _X32_BIT, "eperm", 0))
-    code += [(_JEQ, nrs[name], "eperm", 0) for name in SECCOMP_DENIED if name not in _BY_ARGUMENT]
-    # fmt: off
-    code += [
-        (_JEQ, nrs["socket"], "socket", 0), (_JEQ, nrs["clone"], "clone", 0),
-        (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0), (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
-        (_JEQ, nrs["sendmmsg"], "flags_in_arg3", "allow"),
-        "socket", (_LD_W_ABS, _ARG0),
-        (_JEQ, _AF_UNIX, "allow", 0), (_JEQ, _AF_NETLINK, "allow", 0),
-        (_JEQ, _AF_INET, "inet", 0), (_JEQ, _AF_INET6, "inet", "eperm"),
-        "inet", (_LD_W_ABS, _ARG1), (_AND, 0xF),  # the type less SOCK_NONBLOCK/CLOEXEC
-        (_JEQ, _SOCK_STREAM, 0, "eperm"),
-        (_LD_W_ABS, _ARG2), (_JEQ, 0, "allow", 0), (_JEQ, _IPPROTO_TCP, "allow", "eperm"),
-        "clone", (_LD_W_ABS, _ARG0), (_JSET, _CLONE_NEW, "eperm", "allow"),
-        "flags_in_arg2", (_LD_W_ABS, _ARG2), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "flags_in_arg3", (_LD_W_ABS, _ARG3), (_JSET, _MSG_FASTOPEN, "eperm", "allow"),
-        "allow", (_RET, _RET_ALLOW), "eperm", (_RET, _RET_ERRNO | _EPERM),
-        "enosys", (_RET, _RET_ERRNO | _ENOSYS), "kill", (_RET, _RET_KILL_PROCESS),
-    ]
-    # fmt: on
-    program = _cache[f"bpf:{machine}"] = _assemble(code)
-    return program
-
-
-def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:
-    """Pack ``(op, k[, jump_if_true, jump_if_false])`` (a jump: a label's str, or 0) as BPF."""
-    labels: dict[int | str, int] = {}
-    pc = 0
-    for item in code:
-        if isinstance(item, str):
-            labels[item] = pc
-        else:
-            pc += 1
-    pack, out = _libc().struct.pack, list[bytes]()
-    for item in code:
-        if not isinstance(item, str):
-            op, k, *jumps = item
-            offsets = [0 if to == 0 else labels[to] - len(out) - 1 for to in jumps or (0, 0)]
-            out.append(pack("HBBI", op, *offsets, k))
-    return b"".join(out)
+def _add_view_rules(prepared: Prepared) -> None:
+    """Grant what the view made of its own (in the child, before the ruleset applies):
+    read its ``/dev``, use its terminals, and every file right in its ``/dev/shm``."""
+    if prepared.ruleset_fd >= 0 and prepared._handled_fs:
+        libc, handled, ruleset = prepared._libc, prepared._handled_fs, prepared.ruleset_fd
+        _add_path(libc, ruleset, "/dev", _FS_READ & handled)  # all of it is ours
+        _add_path(libc, ruleset, "/dev/pts", _FS_DEVICE & handled)
+        _add_path(libc, ruleset, "/dev/shm", handled & ~_FS_IOCTL_DEV)
 
 
 def apply(prepared: Prepared) -> None:
     """Confine the calling process (in the forked child, just before ``execve``).
 
-    Sets no_new_privs; drops capabilities (``drop_caps``; first, while CAP_SETPCAP is
-    held); enforces the Landlock ruleset (it needs no_new_privs); loads the seccomp
-    filter last, so it filters none of these calls. Irreversible.
+    With a view, first moves into a mount namespace of its own and makes the view its
+    root (:func:`prepare`'s ``view``). Then sets no_new_privs; drops capabilities
+    (``drop_caps``; first, while CAP_SETPCAP is held); enforces the Landlock ruleset (it
+    needs no_new_privs); loads the seccomp filter last, so it filters none of these
+    calls. Irreversible.
 
     Raises:
         ValueError: ``prepared`` was closed.
@@ -451,6 +447,8 @@ def apply(prepared: Prepared) -> None:
     if prepared.closed:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
+    if prepared.view is not None:
+        _sibling("view").enter(libc, prepared.view, lambda: _add_view_rules(prepared))
     libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)

@@ -20,9 +20,11 @@ to find its processes. Instead the keeper, this file run as a stdlib-only script
   and applies the confinement of ``gym_harness.process.confine``), or, for a bare
   spawn with no cgroup and no confinement, through util-linux's ``setpriv`` after a
   ``posix_spawn``;
-* ends the tree, and says which limit, when it goes past the spawn's memory or
-  process limit (the cgroup's own ``memory.max``/``pids.max`` where those controllers
-  are delegated; its own watch, every ``LIMIT_POLL_S``, always);
+* ends the tree, and says which limit, when it goes past the spawn's memory, process or
+  disk limit (the cgroup's own ``memory.max``/``pids.max`` where those controllers are
+  delegated; its own watch, every ``LIMIT_POLL_S``, always: resident memory plus the
+  shared memory the tree holds in memory files and its private ``/dev/shm``; the disk
+  its workspace, home and tmp hold, walked at most every ``DISK_POLL_S``);
 * ends the tree when the owner asks (SIGTERM, a grace, then SIGKILL until no
   descendant is left), and, when the owner dies (EOF on the socket with no
   ``quit`` before it), kills the tree, deletes the workspace directories the
@@ -69,6 +71,9 @@ KILL_ROUNDS_S = 3.0
 CGROUP_RMDIR_S = 1.0
 #: How often the keeper looks at a tree that has a memory or process limit.
 LIMIT_POLL_S = 0.05
+#: How often, at most, it walks the directories of a tree with a disk limit (and at
+#: most a twentieth of the time: a walk of a large tree spaces the next one out).
+DISK_POLL_S = 0.25
 #: Dispositions the keeper changes, restored to default in the harness.
 _RESET_SIGNALS = (
     signal.SIGHUP,
@@ -130,6 +135,11 @@ class _Keeper:
         #: The tree's (memory MiB, processes) limits, each None for none; when checked last.
         self.limits: tuple[int | None, int | None] = (None, None)
         self.checked = 0.0
+        #: The tree's disk limit (bytes, or None), the directories it covers, when the
+        #: next walk of them is due; whether it has a view (a private /dev/shm).
+        self.disk: tuple[int | None, list[str]] = (None, [])
+        self.disk_due = 0.0
+        self.view = False
         self.reader = FrameReader()
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -144,7 +154,7 @@ class _Keeper:
         poller.register(self.sock.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         while True:
-            watching = self.root and self.limits != (None, None)
+            watching = self.root and (self.limits != (None, None) or self.disk[0] is not None)
             events = poller.poll(int(LIMIT_POLL_S * 1000) if watching else None)
             if watching and time.monotonic() - self.checked >= LIMIT_POLL_S:
                 self._check_limits()
@@ -222,6 +232,8 @@ class _Keeper:
                 self._end(0.0)  # one tree per keeper; the owner ended the last one
             self.code, self.cgroup = None, ""
             self.limits = (policy.get("memory_mb"), policy.get("processes"))
+            self.disk = (policy.get("disk_bytes"), list(policy.get("disk_paths") or ()))
+            self.view = bool((policy.get("confine") or {}).get("view"))
             if cgroup:
                 self.cgroup = self._new_cgroup()
                 self._limit_cgroup()
@@ -243,7 +255,7 @@ class _Keeper:
             except OSError:
                 pass
         self.root = pid
-        self.checked = time.monotonic()
+        self.checked = self.disk_due = time.monotonic()
         self._send(("spawned", pid, self.cgroup))
 
     def _fork_exec(
@@ -335,10 +347,13 @@ class _Keeper:
 
         The kernel's own counts come first (a cgroup's ``pids.events`` and
         ``memory.events``, where the controllers are there); the watch, every
-        ``LIMIT_POLL_S``, counts the tree's processes and sums their resident memory.
+        ``LIMIT_POLL_S``, counts the tree's processes and sums their resident memory and
+        the shared memory they hold; at most every ``DISK_POLL_S`` it walks the tree's
+        directories and sums the disk their files hold.
         """
-        self.checked = time.monotonic()
+        now = self.checked = time.monotonic()
         memory_mb, processes = self.limits
+        disk_bytes, disk_paths = self.disk
         pids = self._members()
         breach = ""
         if processes is not None and (
@@ -347,11 +362,22 @@ class _Keeper:
             breach = f"max_processes={processes}: the tree reached {len(pids)} processes"
         elif memory_mb is not None:
             resident = sum(_fs.resident_bytes(pid) for pid in pids)
-            if resident > memory_mb << 20 or _fs.cgroup_event(self.cgroup, "memory", "oom_kill"):
-                breach = f"memory_limit_mb={memory_mb}: the tree held {resident >> 20} MiB resident"
+            shared = _fs.shared_bytes(pids, self.view)
+            held = resident + shared
+            if held > memory_mb << 20 or _fs.cgroup_event(self.cgroup, "memory", "oom_kill"):
+                breach = (f"memory_limit_mb={memory_mb}: the tree held {held >> 20} MiB "
+                          f"({resident >> 20} MiB resident, {shared >> 20} MiB in shared "
+                          "memory files)")  # fmt: skip
+        if not breach and disk_bytes is not None and now >= self.disk_due:
+            used = _fs.disk_bytes(disk_paths, disk_bytes)
+            after = time.monotonic()
+            self.disk_due = after + max(DISK_POLL_S, 20 * (after - now))
+            if used > disk_bytes:
+                breach = (f"max_workspace_bytes={disk_bytes}: the workspace, home and tmp "
+                          f"held more than {used} bytes")  # fmt: skip
         if breach:
             self._send(("limit", self.root, breach))
-            self.limits = (None, None)
+            self.limits, self.disk = (None, None), (None, [])
             self._end(0.0)
 
     def _members(self) -> list[int]:

@@ -14,7 +14,9 @@ __all__ = [
     "cgroup_event",
     "descendants",
     "remove_tree",
+    "disk_bytes",
     "resident_bytes",
+    "shared_bytes",
     "write_file",
 ]
 
@@ -124,3 +126,83 @@ def resident_bytes(pid: int) -> int:
             return int(f.read().split()[1]) * PAGE
     except (OSError, ValueError, IndexError):
         return 0  # gone
+
+
+def shared_bytes(pids: list[int], view: bool) -> int:
+    """Shared memory the tree holds that its resident pages do not show.
+
+    Memory files (``memfd_create``) held open and not mapped (a mapped one's touched pages
+    are resident already), each counted once; and, with a view (``view``), what the
+    files of its private ``/dev/shm`` (a tmpfs) hold.
+    """
+    total, seen, unmapped = 0, set(), []
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone
+        held = []
+        for name in names:
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                if not os.readlink(path).startswith("/memfd:"):
+                    continue
+                found = os.stat(path)
+            except OSError:
+                continue
+            if (found.st_dev, found.st_ino) not in seen:
+                seen.add((found.st_dev, found.st_ino))
+                held.append(found)
+        if held:
+            unmapped += [(pid, found) for found in held]
+    mapped = _mapped_memfds({pid for pid, _ in unmapped})
+    total += sum(found.st_blocks * 512 for _, found in unmapped if found.st_ino not in mapped)
+    if view:
+        for pid in pids:
+            try:
+                shm = os.statvfs(f"/proc/{pid}/root/dev/shm")
+            except OSError:
+                continue
+            total += (shm.f_blocks - shm.f_bfree) * shm.f_frsize
+            break
+    return total
+
+
+def _mapped_memfds(pids: set[int]) -> set[int]:
+    """The inodes of the memory files mapped by ``pids`` (from ``/proc/PID/maps``)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                for line in f:
+                    if b"/memfd:" in line:
+                        inodes.add(int(line.split()[4]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return inodes
+
+
+def disk_bytes(roots: list[str], limit: int) -> int:
+    """The disk the files under ``roots`` hold (allocated blocks, each inode once, links
+    not followed); the count stops once past ``limit``."""
+    total, seen, stack = 0, set(), list(roots)
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue  # gone, or made unreadable by the harness: its bytes count elsewhere
+        with entries:
+            for entry in entries:
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                if (found.st_dev, found.st_ino) in seen:
+                    continue
+                seen.add((found.st_dev, found.st_ino))
+                total += found.st_blocks * 512
+                if total > limit:
+                    return total
+    return total

@@ -8,18 +8,24 @@ keeper's child between fork and exec (``gym_harness.process.confine``):
 * **Filesystem** (Landlock, Linux 5.13+): read and execute the system directories, the
   interpreter's prefixes, the harness's install tree (the ``node_modules`` tree of a
   CLI, the directory of each file its command names), this package, ``PYTHONPATH``,
-  ``readable_paths``, ``/proc``, ``/sys`` and ``/dev``; read and write the episode's
-  workspace, private home and private tmp (``TMPDIR``; ``HOME`` too unless the config
-  sets it), and a few character devices. Nothing else: not the user's home, not the
-  project, not other episodes, not the task's hidden files.
+  ``readable_paths``, ``/proc`` and ``/sys``; read and write the episode's workspace,
+  private home and private tmp (``TMPDIR``; ``HOME`` too unless the config sets it), and
+  the character devices of ``DEVICES`` by name. Nothing else: not the user's home, not
+  the project, not other episodes, not the task's hidden files.
+* **Mount namespace** (root, or unprivileged user namespaces): the harness's ``/`` shows
+  only those paths, a ``/dev`` of those devices, its own ``/dev/pts`` and ``/dev/shm``;
+  so no pathname unix socket of anyone else (a forkserver's, Ray's, a session bus) has
+  a path it can ``connect`` to.
 * **Network** (Landlock TCP rules, 6.7+): TCP connect only to the env's endpoints (the
   MCP bridge, the model endpoint or capture proxy) and the ports the adapter declares;
   bind only those the adapter declares.
 * **Processes** (Landlock scoping, 6.12+; Landlock's own ptrace rule): no signal to and no
   ptrace of anything outside the harness's own tree, so ``/proc/<env pid>/environ`` is
   unreadable; no capabilities, no new privileges; the seccomp filter of ``confine``.
-* **Resources** (``memory_limit_mb``, ``max_processes``): the keeper's watch, and the
-  cgroup's ``memory.max`` / ``pids.max`` where its controllers are delegated.
+* **Resources** (``memory_limit_mb``, ``max_processes``, ``max_workspace_bytes``): the
+  keeper's watch (memory counts memory files held and the view's ``/dev/shm`` too; the
+  disk is the episode's workspace, home and tmp), and the cgroup's ``memory.max`` /
+  ``pids.max`` where its controllers are delegated.
 
 ``report`` says which layers hold here; ``"auto"`` logs what is missing once.
 """
@@ -56,19 +62,11 @@ SYSTEM_READ = (
     "/opt",
     "/proc",
     "/sys",
-    "/dev",
 )
-#: Character devices a harness may also write (a terminal, the null and random devices).
-DEVICES = (
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-    "/dev/tty",
-    "/dev/pts",
-    "/dev/ptmx",
-)
+#: The character devices a harness may read and write, by name (nothing else of ``/dev``:
+#: not the user's ``/dev/shm``, no terminal; its own ``/dev/pts`` and ``/dev/shm`` come
+#: with the mount namespace).
+DEVICES = confine.VIEW_DEVICES
 #: The layers, each with the kernel feature it needs (``confine.probe`` keys).
 LAYERS = {
     "filesystem": "fs",
@@ -76,6 +74,8 @@ LAYERS = {
     "scoping": "scope",
     "seccomp": "seccomp",
 }
+#: Layers a ``confine.probe`` key holds the reason for ("" when the kernel offers it).
+_REASONED = {"mount_namespace": "view"}
 _PACKAGE = Path(__file__).resolve().parents[1]  # gym_harness itself (the reference agent)
 
 
@@ -112,8 +112,8 @@ def report(tier: str) -> dict[str, Any]:
 
     Returns:
         ``{"tier", "enforced": [...], "missing": {layer: why}}``; the layers are
-        filesystem, tcp, scoping, seccomp, capabilities, and with ``"strict"``
-        network_namespace.
+        filesystem, tcp, scoping, seccomp, capabilities, mount_namespace, and with
+        ``"strict"`` network_namespace.
     """
     if tier == "off":
         return {"tier": tier, "enforced": [], "missing": {}}
@@ -127,6 +127,12 @@ def report(tier: str) -> dict[str, Any]:
             missing[layer] = f"no seccomp filter on this machine ({os.uname().machine})"
         else:
             missing[layer] = f"the kernel's Landlock ABI is {abi}, too old for {layer} rules"
+    for layer, feature in _REASONED.items():
+        why = str(kernel.get(feature, "not probed"))
+        if why:
+            missing[layer] = why
+        else:
+            enforced.append(layer)
     if tier == "strict":
         from gym_harness.process.netns import unavailable
 
@@ -174,6 +180,9 @@ def policy(
     """
     tier = spec.sandbox
     out: dict[str, Any] = {"memory_mb": spec.memory_limit_mb, "processes": spec.max_processes}
+    if reach is not None and spec.max_workspace_bytes is not None:
+        paths = [reach.workspace, reach.home, reach.tmp]
+        out.update(disk_bytes=spec.max_workspace_bytes, disk_paths=paths)
     if tier == "off" or reach is None:
         return out
     kernel = _kernel()
@@ -193,6 +202,8 @@ def policy(
             bind=sorted(set(reach.serve_ports)),
         )
     rules.update(scope=bool(kernel.get("scope")), seccomp=bool(kernel.get("seccomp")))
+    if not kernel.get("view") and kernel.get("fs"):  # the view shows what Landlock grants
+        rules.update(view=True, shm_mb=spec.memory_limit_mb)
     out["confine"] = rules
     out["netns"] = reach.netns_fd >= 0
     return out

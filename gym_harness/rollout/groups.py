@@ -21,7 +21,7 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError, ForkDiverged, ForkUnsupported
+from gym_harness.errors import ConfigError, ForkDiverged, ForkUnsupported, HarnessStartError
 from gym_harness.rollout.episode import (
     DEFAULT_MAX_STEPS,
     Policy,
@@ -118,7 +118,7 @@ def run_group(
         began = time.monotonic()
         try:
             child, child_obs, _ = parent.fork()
-        except (ForkUnsupported, ForkDiverged, ResetNeeded) as exc:
+        except (ForkUnsupported, ForkDiverged, HarnessStartError, ResetNeeded) as exc:
             record = parent.trajectory.to_record(**ids, total_s=0.0, group_id=group_id)
             why = f"{type(exc).__name__}: {exc}"
             record.update(outcome=FORK_FAILED, error_type=FORK_FAILED, error=why)

@@ -371,16 +371,16 @@ def test_bring_loopback_up_in_a_fresh_network_namespace() -> None:
 
 def test_probe_reports_what_the_kernel_offers() -> None:
     offered = confine.probe()
-    assert set(offered) == {"landlock_abi", "fs", "net_tcp", "scope", "seccomp", "netns"}
+    assert set(offered) == {"landlock_abi", "fs", "net_tcp", "scope", "seccomp", "netns", "view"}
     abi = offered["landlock_abi"]
     assert isinstance(abi, int) and abi >= 0
     assert offered["fs"] is (abi >= 1)
     assert offered["net_tcp"] is (abi >= 4)
     assert offered["scope"] is (abi >= 6)
     assert isinstance(offered["seccomp"], bool)
-    assert isinstance(offered["netns"], str)
+    assert isinstance(offered["netns"], str) and isinstance(offered["view"], str)
     if os.geteuid() == 0:
-        assert offered["netns"] == ""
+        assert offered["netns"] == "" and offered["view"] == ""
     offered["fs"] = "changed"
     assert confine.probe()["fs"] is (abi >= 1)  # a copy: the cache is untouched
 

@@ -92,6 +92,7 @@ def test_strict_says_why_it_cannot_be_had_and_auto_says_what_it_lacks() -> None:
         "tcp",
         "scoping",
         "seccomp",
+        "mount_namespace",
     }
     with pytest.raises(ConfigError, match="sandbox must be one of"):
         HarnessEnv("command", command=[sys.executable, ESCAPER], sandbox="loose")

@@ -18,15 +18,30 @@ True when the attempt *succeeded* (the sandbox did not stop it).
     alloc MB           allocate MB of memory, touching every page, then hold it
     forkbomb N         fork N children that sleep
     env NAME           the value of an environment variable (always "ok")
+    unix PATH          connect to the pathname unix socket PATH
+    unix_scan          connect to every pathname unix socket ``/proc/*/net/unix`` lists
+                       outside the working directory (ok: one answered; detail: which)
+    own_unix           bind, listen and connect to a unix socket in the working directory
+    tty PATH           open the terminal PATH, write to it and type into it (TIOCSTI)
+    own_pty            open a pseudo-terminal of its own and write through it
+    tiocsti            type a character into a pseudo-terminal of its own (TIOCSTI)
+    list_dev           the names in /dev (always "ok")
+    posix_shm          create, write and read back a POSIX shared memory file
+    memfd MB           hold MB in a memory file (written, never mapped), then sleep
+    shm MB             hold MB in a file in /dev/shm, then sleep
+    fill MB            write MB to a file in the working directory, then sleep
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
+import pty
 import socket
 import sys
+import termios
 import time
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -86,7 +101,98 @@ def attempt(cmd: dict[str, object]) -> str:
         return "forked"
     if what == "env":
         return os.environ.get(str(arg), "")
+    if what == "unix":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(str(arg))
+        return "connected"
+    if what == "unix_scan":
+        return _unix_scan()
+    if what == "own_unix":
+        with socket.socket(socket.AF_UNIX) as server, socket.socket(socket.AF_UNIX) as client:
+            server.bind("own.sock")
+            server.listen()
+            client.connect("own.sock")
+            os.unlink("own.sock")
+        return "connected"
+    if what == "tty":
+        fd = os.open(str(arg), os.O_RDWR | os.O_NOCTTY)
+        try:
+            os.write(fd, b"from the harness\n")
+            fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+        finally:
+            os.close(fd)
+        return "typed"
+    if what == "own_pty":
+        leader, follower = pty.openpty()
+        os.write(follower, b"mine\n")
+        got = os.read(leader, 64)
+        os.close(leader)
+        os.close(follower)
+        return got.decode()
+    if what == "tiocsti":
+        leader, follower = pty.openpty()
+        try:
+            fcntl.ioctl(follower, termios.TIOCSTI, b"x")
+        finally:
+            os.close(leader)
+            os.close(follower)
+        return "typed"
+    if what == "list_dev":
+        return " ".join(sorted(os.listdir("/dev")))
+    if what == "posix_shm":
+        path = f"/dev/shm/escaper-{os.getpid()}"
+        with open(path, "w") as f:
+            f.write("shared")
+        with open(path) as f:
+            text = f.read()
+        os.unlink(path)
+        return text
+    if what in ("memfd", "shm", "fill"):
+        if what == "memfd":
+            fd = os.memfd_create("held")
+        else:
+            where = "/dev/shm/held" if what == "shm" else "filler"
+            fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        block = b"x" * (1 << 20)
+        for _ in range(int(arg)):  # type: ignore[call-overload]
+            try:
+                os.write(fd, block)
+            except OSError:
+                break  # full: hold what it has
+        time.sleep(30)
+        return "held"
     raise ValueError(f"unknown attempt {what!r}")
+
+
+def _unix_scan() -> str:
+    """Connect to every pathname unix socket any readable ``/proc/*/net/unix`` lists."""
+    paths: set[str] = set()
+    for table in ["/proc/net/unix", *(f"/proc/{pid}/net/unix" for pid in os.listdir("/proc"))]:
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7].startswith("/"):
+                paths.add(fields[7])
+    here = os.getcwd()
+    reached = []
+    for path in sorted(paths):
+        if path.startswith(here + "/"):
+            continue
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(2)
+            try:
+                sock.connect(path)
+            except OSError:
+                continue
+            reached.append(path)
+    if not reached:
+        raise PermissionError(f"none of {len(paths)} listed sockets answered")
+    return " ".join(reached)
 
 
 def _checked(result: int, done: str) -> str:
@@ -101,7 +207,7 @@ def emit(obj: dict[str, object]) -> None:
 
 
 def main() -> None:
-    emit({"type": "ready"})
+    emit({"type": "ready", "fork": True})  # its state is all in its workspace and home
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("type") != "message":

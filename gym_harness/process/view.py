@@ -1,0 +1,229 @@
+"""The view: what a confined harness's own mount namespace shows (``confine``'s ``view``).
+
+The keeper's child gets a mount namespace of its own (in a user namespace of its own
+when it is not root) whose root is a small tmpfs holding only what the policy grants,
+each at its own path: the granted directories bound from the host, the links on the way
+to each made again (``/bin -> usr/bin``), a ``/dev`` of the granted devices by name, a
+new devpts instance (its own terminals only) and a tmpfs for ``/dev/shm``. A pathname
+unix socket outside (a multiprocessing forkserver's, Ray's, a session bus) has no path
+there, so no ``connect`` reaches it: Landlock (ABI < 9) does not govern that connect.
+
+Loaded by ``confine`` by its file path, in the keeper (a ``python -I -S`` script): it
+imports built-in modules only. :func:`plan` runs in the keeper before the fork,
+:func:`enter` in the forked child, before the rest of the confinement.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+TYPE_CHECKING = False  # no typing import at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+__all__ = ["check", "enter", "enter_namespace", "plan"]
+
+_CLONE_NEWUSER, _CLONE_NEWNS = 0x10000000, 0x00020000
+_PR_SET_DUMPABLE = 4
+# mount(2) flags.
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+#: Where the child builds its view (any directory: a tmpfs covers it in its own namespace).
+_STAGE = "/tmp"
+#: Links a view's ``/dev`` always holds (what ``/dev`` has on every Linux).
+_DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
+              ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"),
+              ("/dev/ptmx", "pts/ptmx"))  # fmt: skip
+_MAX_LINKS = 40  # links followed while mirroring one path (the kernel's own bound)
+
+
+def check(libc: Any) -> None:
+    """Make a namespace and mount a tmpfs in it, as :func:`enter` would (in a child).
+
+    Raises:
+        OSError: Either step failed.
+    """
+    enter_namespace(libc)
+    libc.check("mount tmpfs", libc.mount(b"none", _STAGE.encode(), b"tmpfs", 0, None))
+
+
+def enter_namespace(libc: Any, shared: bool = True) -> None:
+    """Give the calling (single-threaded) process a mount namespace of its own, in a user
+    namespace of its own when it is not root; mounts in it do not propagate out (with
+    ``shared``, some mount propagates: all are made private)."""
+    if os.geteuid() == 0:
+        libc.check("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        # The keeper is not dumpable, so its child's /proc/self files are root's: it
+        # could not write its own maps. The child is about to exec the harness anyway.
+        libc.check("PR_SET_DUMPABLE", libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0))
+        both = libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+        libc.check("unshare(CLONE_NEWUSER|CLONE_NEWNS)", both)
+        for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
+                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    if shared:
+        private = libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+        libc.check("making / private", private)
+
+
+def _shared_mounts() -> bool:
+    """Whether a mount of this process's namespace propagates (``shared:`` in mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return b" shared:" in f.read()
+    except OSError:
+        return True
+
+
+def plan(
+    policy: dict[str, object], devices: Sequence[str], cache: dict[str, object]
+) -> dict[str, object]:
+    """What the child mounts, as ready-made arguments: each granted path's real directory
+    bound at its own path (none beneath another, none in ``/dev``), the links on the way
+    to each re-made, and the granted ones of ``devices`` by name.
+
+    What the read-only paths and the devices make is found once per set of them (kept in
+    ``cache``: they are the same for every episode); the writable paths (an episode's own)
+    are added each time.
+    """
+    read: tuple[str, ...] = tuple(policy.get("read") or ())  # type: ignore[arg-type]
+    granted: tuple[str, ...] = tuple(policy.get("devices") or ())  # type: ignore[arg-type]
+    key = f"view:{read!r}:{granted!r}"
+    cached = cache.get(key)
+    if not isinstance(cached, tuple):
+        roots, links = _roots([], read)
+        nodes = []
+        for device in devices:
+            try:
+                found = os.stat(device) if device in granted else None
+            except OSError:
+                continue
+            if found is not None and stat.S_ISCHR(found.st_mode):
+                nodes.append((device, found.st_rdev))
+        cached = cache[key] = (roots, links, nodes, _shared_mounts())
+    roots, links, nodes, shared = cached
+    roots, links = _roots(roots, policy.get("write") or (), dict(links))  # type: ignore[arg-type]
+    dirs: list[str] = ["/dev", "/dev/pts", "/dev/shm"]
+    for path in [*roots, *(os.path.dirname(p) for p in [*links, *(d for d, _ in nodes)])]:
+        _add_dirs(path, dirs, last=path in roots)
+    stage = _STAGE.encode()
+    shm_mb = policy.get("shm_mb")
+    return {
+        "dirs": [stage + d.encode() for d in dirs],
+        "binds": [(root.encode(), stage + root.encode()) for root in roots],
+        "devices": [(stage + d.encode(), rdev) for d, rdev in nodes],
+        "links": [(to.encode(), stage + at.encode()) for at, to in (*links.items(), *_DEV_LINKS)],
+        "shm": f"mode=1777,size={shm_mb}m".encode() if shm_mb else b"mode=1777",
+        "shared": shared,
+    }
+
+
+def _roots(
+    roots: list[str], paths: Sequence[str], links: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """``roots`` with the real directories of ``paths`` that exist (none beneath another,
+    none in ``/dev``), and ``links`` with the links on the way to each of ``paths``."""
+    found = set(roots)
+    for path in paths:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real):  # a file: its directory is bound (Landlock grants it alone)
+            real = os.path.dirname(real) if os.path.exists(real) else "/"
+        if real in ("/", "/dev") or real.startswith("/dev/"):
+            continue  # the view's own /dev holds the devices by name
+        found.add(real)
+    kept: list[str] = []
+    for real in sorted(found):
+        if not any(real.startswith(root + "/") for root in kept):
+            kept.append(real)
+    links = {} if links is None else links
+    for path in paths:
+        _mirror(os.path.abspath(path), kept, links, 0)
+    return kept, links
+
+
+def _add_dirs(path: str, dirs: list[str], last: bool) -> None:
+    """Append the directories to make for ``path`` (its ancestors; itself if ``last``)."""
+    parts = [part for part in path.split("/") if part]
+    for n in range(1, len(parts) + (1 if last else 0)):
+        here = "/" + "/".join(parts[:n])
+        if here not in dirs:
+            dirs.append(here)
+
+
+def _mirror(path: str, roots: list[str], links: dict[str, str], depth: int) -> None:
+    """Record the links on the way to ``path`` (up to where a bound root starts)."""
+    parts = [part for part in path.split("/") if part]
+    here = "/"
+    for n, name in enumerate(parts):
+        there = os.path.join(here, name)
+        if any(there == root or there.startswith(root + "/") for root in roots):
+            return  # the rest is the host's own, seen through the bind
+        try:
+            target = os.readlink(there)
+        except OSError:  # a directory (or nothing): go on
+            here = there
+            continue
+        links.setdefault(there, target)
+        if depth < _MAX_LINKS:
+            onward = os.path.normpath(os.path.join(here, target, *parts[n + 1 :]))
+            _mirror(onward, roots, links, depth + 1)
+        return
+
+
+def enter(libc: Any, plan: dict[str, Any], add_rules: Callable[[], None]) -> None:
+    """Mount the view of ``plan`` in a new mount namespace and ``chroot`` into it; then
+    ``add_rules`` (the Landlock rules for what the view made of its own).
+
+    The view is a tmpfs: directories, the granted paths bound from the host, the devices
+    (made with ``mknod`` as root, bound otherwise), links, a new devpts instance and a
+    tmpfs for ``/dev/shm``. ``chroot`` rather than ``pivot_root``: the host's root stays
+    out of reach once the capabilities are gone (no ``chroot`` again, no mount call past
+    the seccomp filter, no descriptor open outside) and the spawn skips an unmount that
+    waits for an RCU grace period. The working directory is entered again in the view.
+    """
+    cwd = os.getcwd()
+    enter_namespace(libc, bool(plan["shared"]))
+    opened = []
+    for source, target in plan["binds"]:
+        try:
+            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target))
+        except OSError:
+            continue  # gone since the plan: nothing to show
+    stage, flags = _STAGE.encode(), _MS_NOSUID
+    check, mount = libc.check, libc.mount
+    check("mounting the view", mount(b"gym_harness", stage, b"tmpfs", flags, b"mode=0755"))
+    for path in plan["dirs"]:
+        os.mkdir(path, 0o755)
+    for fd, target in opened:
+        bound = mount(b"/proc/self/fd/%d" % fd, target, None, _MS_BIND | _MS_REC, None)
+        os.close(fd)
+        check(f"binding {target.decode()} into the view", bound)
+    root = os.geteuid() == 0
+    for target, rdev in plan["devices"]:
+        if root:
+            os.mknod(target, stat.S_IFCHR | 0o666, rdev)
+            continue  # a user namespace may not make devices: bind the host's
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        host = target[len(stage) :]
+        check(f"binding {host.decode()}", mount(host, target, None, _MS_BIND, None))
+    pts, shm = stage + b"/dev/pts", stage + b"/dev/shm"
+    options = b"newinstance,ptmxmode=0666,mode=0620"
+    check("mounting /dev/pts", mount(b"devpts", pts, b"devpts", flags | _MS_NOEXEC, options))
+    check("mounting /dev/shm", mount(b"shm", shm, b"tmpfs", flags | _MS_NODEV, plan["shm"]))
+    for target, path in plan["links"]:
+        os.symlink(target, path)
+    os.chroot(_STAGE)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise OSError(exc.errno, f"confinement: the working directory {cwd!r} is outside "
+                      "what the harness may reach") from None  # fmt: skip
+    add_rules()
