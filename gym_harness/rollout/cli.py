@@ -525,7 +525,8 @@ def _stopped(exc: BaseException, records: RecordFile, args: argparse.Namespace, 
     name = exc.name if isinstance(exc, _Signalled) else "Ctrl-C"
     print(
         f"gym-harness: interrupted ({name}) with {count} of {total} records written; "
-        f"{args.out} is untouched, {kept}. To finish the rollout: {again}",
+        f"{args.out} is {'untouched' if Path(args.out).exists() else 'not made yet'}, {kept}. "
+        f"To finish the rollout: {again}",
         file=sys.stderr,
     )
     return exc.status if isinstance(exc, _Signalled) else EXIT_INTERRUPTED
