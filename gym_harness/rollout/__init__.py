@@ -7,7 +7,8 @@
 * :mod:`~gym_harness.rollout.cli`: the ``gym-harness`` command (``run``, ``rollout``), with
   :mod:`~gym_harness.rollout.console` (what it prints while it runs) and
   :mod:`~gym_harness.rollout.keywords` (every keyword of an env id, read from the code:
-  ``--list-keywords``, the unknown-keyword check, the docs' generated reference).
+  ``--list-keywords``, the unknown-keyword check, the docs' generated reference) and
+  :mod:`~gym_harness.rollout.outfile` (``OUT.partial``: whole-line writes, ``--resume``).
 
 The top of the package: it may import the env and anything below; nothing imports it.
 """

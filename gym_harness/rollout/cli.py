@@ -16,6 +16,12 @@ protocol or harness error, a timeout), 3 when the harness never started
 (``startup_failed``). Bad input (a missing file, bad JSON, an unknown env id or
 option) exits with 2 and one line saying what to fix; Ctrl-C with 130, after a line
 saying what was interrupted and what was kept.
+
+Exit status of ``rollout``: 0 once every record is written to ``OUT`` (each record
+has its outcome); 2 on bad input; 74 when a record could not be written (a full disk,
+an I/O error: the message names the file and how many whole records it kept); 130 on
+Ctrl-C, 143 on SIGTERM, 129 on SIGHUP. Records stream to ``OUT.partial``, renamed to
+``OUT`` at the end; a rollout stopped early is finished with ``--resume``.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import gymnasium
@@ -52,19 +60,25 @@ from gym_harness.rollout.episode import (
 from gym_harness.rollout.groups import group_settings
 from gym_harness.rollout.keywords import check_keywords, keywords_text
 from gym_harness.rollout.local import local_rollout
+from gym_harness.rollout.outfile import RecordFile, partial_path, resume
 from gym_harness.tasks import Task, load_tasks
 
 __all__ = ["main"]
 
 DEFAULT_ENV = "gym_harness/Reference-v0"
 
-#: Exit statuses (``gym-harness run``); see the module docstring.
+#: Exit statuses; see the module docstring.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STARTUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: ``rollout`` could not write a record to ``OUT.partial`` (sysexits' ``EX_IOERR``).
+EXIT_IO_ERROR = 74
+#: Signals that stop a rollout as Ctrl-C does (exit 128 + the signal: 143, 129).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _EXIT_HELP = (
     "exit status of run: 0 the episode had no fault (finished, or still running when the "
     "messages ran out); 1 a turn failed (harness_crashed, protocol_error, harness_error, "
     "a timeout ...); 3 the harness never started (startup_failed); 2 bad input; 130 Ctrl-C. "
-    "rollout exits 0 once every record is written (each record has its outcome)."
+    "rollout exits 0 once every record is written (each record has its outcome), 74 when "
+    "a record cannot be written (I/O error, full disk), 143 on SIGTERM, 129 on SIGHUP."
 )
 #: A VALUE starting with one of these must be JSON (a list, an object, a quoted string).
 _JSON_STARTS = ("[", "{", '"')
@@ -181,8 +195,11 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run N episodes per task to JSONL",
         description="Run N episodes per task; write one JSON record per episode.",
-        epilog="rollout exits 0 once every record is written (each record has its outcome), "
-        "2 on bad input, 130 on Ctrl-C.",
+        epilog="rollout exits 0 once every record is written to OUT (each record has its "
+        "outcome), 2 on bad input, 74 when a record cannot be written (I/O error, full disk; "
+        "the whole records written stay in OUT.partial), 130 on Ctrl-C, 143 on SIGTERM, 129 "
+        "on SIGHUP. Records stream to OUT.partial, renamed to OUT when every episode is "
+        "recorded; --resume finishes a rollout that was stopped.",
         formatter_class=_HelpFormatter,
     )
     roll.add_argument(
@@ -192,9 +209,30 @@ def _parser() -> argparse.ArgumentParser:
         help="turns per episode: the task prompt, then --follow-up",
     )
     roll.add_argument("tasks", type=Path, help="tasks JSONL file ({id, prompt, files?, meta?})")
-    roll.add_argument("-n", type=int, default=DEFAULT_N, help="episodes per task")
     roll.add_argument(
-        "--out", type=Path, required=True, help="output JSONL, a record an episode (required)"
+        "-n",
+        type=int,
+        default=DEFAULT_N,
+        help="episodes per task (the rollout runs N times the tasks' count)",
+    )
+    roll.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="output JSONL, a record an episode (required); written to OUT.partial, "
+        "renamed to OUT when every episode is recorded",
+    )
+    roll.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the records OUT.partial (else OUT) holds and run only the episodes "
+        "missing from it (default: off, start over)",
+    )
+    roll.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="episodes at once (default: 1 locally; with --ray, one per CPU of the cluster)",
     )
     roll.add_argument(
         "--follow-up", default=DEFAULT_FOLLOW_UP, help="message of turns after the first"
@@ -381,13 +419,17 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
             upstream_api_key_env=args.upstream_key_env,
             request_logprobs=args.logprobs,
         )
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be at least 1, got {args.concurrency}")
     model = {**_model_settings(args, kwargs), **group_settings(args.group, args.fork_at)}
     if args.ray is None:
-        return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, model)
+        local = {**model, "concurrency": args.concurrency or 1}
+        return _write_rollout(args, kwargs, tasks, max_turns, local_rollout, local)
     from gym_harness.rollout.ray import ray_rollout
 
     remote = {
         "address": args.ray or None,
+        "num_workers": args.concurrency,
         **model,
         **({"policy": args.policy} if args.policy else {}),
     }
@@ -404,27 +446,31 @@ def _write_rollout(
 ) -> int:
     """Run ``rollout`` (local or Ray) into ``--out``, with a progress line on stderr.
 
-    Records go to a temporary file beside ``--out``, renamed over it once the rollout
-    ends: a run that fails never truncates an existing file. One that fails after
-    some records keeps them in ``OUT.partial``.
+    Records stream to ``OUT.partial`` (``rollout/outfile.py``), renamed over ``OUT``
+    once every episode is recorded: a run that fails or is stopped never truncates an
+    existing ``OUT``, and keeps what it wrote in ``OUT.partial`` for ``--resume``.
+    SIGTERM and SIGHUP stop the rollout as Ctrl-C does.
     """
-    total = len(tasks) * args.n * (args.group or 1)
-    progress = Progress(total, sys.stderr)
     target = Path(args.out)
-    written = 0
+    partial = partial_path(target)
+    done: set[tuple[str, int]] = set()
+    kept = 0
+    if args.resume:
+        done, kept = resume(target, args.group)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()  # an earlier run's: this one starts over
+    per_episode = args.group or 1
+    total = (len(tasks) * args.n - len(done)) * per_episode
+    progress = Progress(max(total, 1), sys.stderr)
+    records = RecordFile(partial, append=args.resume, records=kept)
 
     def on_record(record: dict[str, Any]) -> None:
-        nonlocal written
-        written += 1
         _add_exchanges(record, args)
 
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(fd, 0o666 & ~umask)  # as open(OUT, "w") would have made it
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            done = rollout(
+        with _signals_interrupt():
+            rollout(
                 args.env,
                 kwargs,
                 tasks,
@@ -432,34 +478,86 @@ def _write_rollout(
                 seed=args.seed,
                 max_turns=max_turns,
                 follow_up=args.follow_up,
-                out=out,
+                out=records,
                 progress=progress.update,
                 on_record=on_record,
+                skip=done,
                 **options,
             )
     except BaseException as exc:
         progress.close()
-        partial = target.with_name(target.name + ".partial")
-        if written:
-            os.replace(temp, partial)
-        else:
-            os.unlink(temp)
-        kept = f"the {written} written {'is' if written == 1 else 'are'} in {partial}"
-        if not isinstance(exc, KeyboardInterrupt):
-            if written:
-                print(f"gym-harness: {written} records kept in {partial}", file=sys.stderr)
-            raise
+        records.close()
+        if not records.records:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        return _stopped(exc, records, args, len(tasks) * args.n * per_episode)
+    progress.close()
+    records.close()
+    os.replace(partial, target)
+    print(f"wrote {records.records} episodes to {args.out}")
+    return EXIT_OK
+
+
+def _stopped(exc: BaseException, records: RecordFile, args: argparse.Namespace, total: int) -> int:
+    """A rollout that did not finish: say what it kept, and return its exit status.
+
+    Raises:
+        BaseException: ``exc`` again when it is neither a failed write nor an interrupt.
+    """
+    count = records.records
+    what = f"{count} whole record{'' if count == 1 else 's'}"
+    kept = f"{what} kept in {records.path}" if count else "no record kept"
+    again = f"gym-harness {shlex.join(sys.argv[1:])}" if sys.argv[1:] else "the same command"
+    if "--resume" not in again:
+        again += " --resume"
+    if records.failed is not None:
+        why = records.failed.strerror or str(records.failed)
         print(
-            f"gym-harness: interrupted (Ctrl-C) after {written} of {total} episodes; "
-            f"{args.out} is untouched{', ' + kept if written else ''}. Records are not "
-            "resumed: run the same command again to start the rollout over.",
+            f"gym-harness: error: cannot write {records.path}: {why}; "
+            f"{kept} (the failed record was not written). Free space, then resume: {again}",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
-    progress.close()
-    os.replace(temp, target)
-    print(f"wrote {done} episodes to {args.out}")
-    return 0
+        return EXIT_IO_ERROR
+    if not isinstance(exc, KeyboardInterrupt):
+        if count:
+            print(f"gym-harness: {kept}", file=sys.stderr)
+        raise exc
+    name = exc.name if isinstance(exc, _Signalled) else "Ctrl-C"
+    print(
+        f"gym-harness: interrupted ({name}) with {count} of {total} records written; "
+        f"{args.out} is {'untouched' if Path(args.out).exists() else 'not made yet'}, {kept}. "
+        f"To finish the rollout: {again}",
+        file=sys.stderr,
+    )
+    return exc.status if isinstance(exc, _Signalled) else EXIT_INTERRUPTED
+
+
+class _Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: the rollout stops as on Ctrl-C, with 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+        self.status = 128 + signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``_Signalled`` in the main thread while the block runs;
+    the handlers before it are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise _Signalled(signum)
+
+    before = {signum: signal.signal(signum, interrupt) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:

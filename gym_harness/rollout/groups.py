@@ -7,7 +7,11 @@ step ``fork_at`` (user turns in turn mode, model calls answered in model mode), 
 or the follow-up messages (turn mode), each recorded on its own. The records share a
 ``group_id`` and name their ``parent_id`` and ``fork_step``. A fork that fails (the
 harness cannot fork, the replay diverged, the prefix ended the episode) is a record
-with ``outcome`` and ``error_type`` ``"fork_failed"``, never an exception.
+with ``outcome`` and ``error_type`` ``"fork_failed"`` and the cause in ``error``, never an
+exception (any ``Exception`` of ``fork``: ``ForkUnsupported``, ``ForkDiverged``,
+``ForkFailed``, an ``OSError``). A prefix whose episode ends before ``fork_at`` is one
+record of that finished episode (its outcome and reward as they were), and the group's
+other members are records with ``outcome`` ``"not_forked"`` saying why.
 
 Threads: the calling worker's thread only.
 """
@@ -18,10 +22,9 @@ import time
 from typing import Any
 
 import gymnasium
-from gymnasium.error import ResetNeeded
 
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError, ForkDiverged, ForkUnsupported, HarnessStartError
+from gym_harness.errors import ConfigError
 from gym_harness.rollout.episode import (
     DEFAULT_MAX_STEPS,
     Policy,
@@ -31,10 +34,12 @@ from gym_harness.rollout.episode import (
     run_episode,
 )
 
-__all__ = ["FORK_FAILED", "group_settings", "run_group", "run_task"]
+__all__ = ["FORK_FAILED", "NOT_FORKED", "group_settings", "run_group", "run_task"]
 
 #: A grouped record's outcome (and error type) when its fork failed.
 FORK_FAILED = "fork_failed"
+#: A grouped record's outcome (and error type) when the prefix ended before the fork step.
+NOT_FORKED = "not_forked"
 
 
 def group_settings(group: int | None, fork_at: int) -> dict[str, int]:
@@ -98,18 +103,19 @@ def run_group(
 
     Returns:
         ``group`` records, each with ``group_id`` (the prefix's episode id),
-        ``parent_id`` and ``fork_step``.
+        ``parent_id`` and ``fork_step``; when the prefix ended before ``fork_at``, the
+        finished episode's record and ``group - 1`` ``"not_forked"`` records.
     """
     started = time.monotonic()
     parent = HarnessEnv.of(env)
     answer = None if policy is None else load_policy(policy)
     obs, _ = env.reset(seed=seed, options={"task": task})
     message = obs
-    for _ in range(fork_at):
+    for step in range(fork_at):
         action = message if answer is None else policy_action(answer, obs)
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
-            break  # every fork fails now, and says so
+            return _ended(parent, step + 1, env_id, seed, index, group, fork_at, started)
         message = follow_up
     group_id = parent.trajectory.episode_id
     records = []
@@ -118,7 +124,7 @@ def run_group(
         began = time.monotonic()
         try:
             child, child_obs, _ = parent.fork()
-        except (ForkUnsupported, ForkDiverged, HarnessStartError, ResetNeeded) as exc:
+        except Exception as exc:  # ForkUnsupported, ForkDiverged, ForkFailed, OSError ...
             record = parent.trajectory.to_record(**ids, total_s=0.0, group_id=group_id)
             why = f"{type(exc).__name__}: {exc}"
             record.update(outcome=FORK_FAILED, error_type=FORK_FAILED, error=why)
@@ -137,4 +143,34 @@ def run_group(
             records.append(child.trajectory.to_record(**ids, total_s=total, group_id=group_id))
         finally:
             child.close()
+    return records
+
+
+def _ended(
+    parent: HarnessEnv,
+    steps: int,
+    env_id: str,
+    seed: int,
+    index: int,
+    group: int,
+    fork_at: int,
+    started: float,
+) -> list[dict[str, Any]]:
+    """The records of a group whose prefix ended at ``steps``, before the fork step: the
+    finished episode's, then ``group - 1`` not forked."""
+    group_id = parent.trajectory.episode_id
+    total = time.monotonic() - started
+    ids: dict[str, Any] = {"env_id": env_id, "seed": seed, "group_id": group_id}
+    finished = parent.trajectory.to_record(**ids, index=index * group, total_s=total)
+    records = [finished]
+    why = (
+        f"the episode ended at step {steps} ({finished['outcome']}, reward "
+        f"{finished['reward']:g}) before the fork step {fork_at}: it is recorded once, "
+        f"as episode {index * group}"
+    )
+    for member in range(1, group):
+        record = parent.trajectory.to_record(**ids, index=index * group + member, total_s=0.0)
+        record.update(outcome=NOT_FORKED, error_type=NOT_FORKED, error=why, reward=0.0)
+        record.update(parent_id=group_id, fork_step=fork_at)
+        records.append(record)
     return records

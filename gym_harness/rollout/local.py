@@ -20,9 +20,9 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 import gymnasium
 
@@ -45,6 +45,7 @@ from gym_harness.tasks import Task
 __all__ = [
     "Episode",
     "EpisodeWorker",
+    "Lines",
     "episodes",
     "local_rollout",
     "run_episode",
@@ -72,10 +73,29 @@ class Episode:
     seed: int
 
 
-def episodes(tasks: Sequence[Task], n: int, seed: int) -> list[Episode]:
-    """``n`` episodes of every task, task-major; episode ``j`` gets seed ``seed + j``."""
+def episodes(
+    tasks: Sequence[Task], n: int, seed: int, skip: Collection[tuple[str, int]] = ()
+) -> list[Episode]:
+    """``n`` episodes of every task, task-major; episode ``j`` gets seed ``seed + j``.
+
+    The (task id, index) pairs in ``skip`` (recorded by an earlier run) are left out;
+    the others keep their number and seed.
+    """
     pairs = [(task, k) for task in tasks for k in range(n)]
-    return [Episode(j, task, k, seed + j) for j, (task, k) in enumerate(pairs)]
+    plan = [Episode(j, task, k, seed + j) for j, (task, k) in enumerate(pairs)]
+    return [episode for episode in plan if (episode.task.id, episode.index) not in skip]
+
+
+class Lines(Protocol):
+    """Where a rollout writes its JSON lines: a text file, or ``outfile.RecordFile``."""
+
+    def write(self, text: str, /) -> int:
+        """Write ``text`` (one record's line)."""
+        ...
+
+    def flush(self) -> None:
+        """Make what was written visible."""
+        ...
 
 
 class EpisodeWorker(Protocol):
@@ -109,7 +129,7 @@ def schedule(
     new_worker: Callable[[], EpisodeWorker],
     *,
     env_id: str,
-    out: TextIO,
+    out: Lines,
     concurrency: int = 1,
     progress: Callable[[int, str], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
@@ -302,7 +322,7 @@ def local_rollout(
     env_kwargs: Mapping[str, Any],
     tasks: Sequence[Task],
     *,
-    out: TextIO,
+    out: Lines,
     n: int = DEFAULT_N,
     seed: int = DEFAULT_SEED,
     max_turns: int = DEFAULT_MAX_TURNS,
@@ -314,6 +334,7 @@ def local_rollout(
     max_steps: int = DEFAULT_MAX_STEPS,
     group: int | None = None,
     fork_at: int = 0,
+    skip: Collection[tuple[str, int]] = (),
 ) -> int:
     """Run ``n`` episodes of every task on envs in this process; write JSONL.
 
@@ -338,6 +359,7 @@ def local_rollout(
         group: Fork each episode ``group`` ways after ``fork_at`` steps and record the
             forks (``rollout/groups.py``; README, "Forking"); ``None``: no forks.
         fork_at: With ``group``, the steps the shared prefix takes.
+        skip: (task id, episode index) pairs not to run (recorded already: ``--resume``).
 
     Returns:
         How many records were written.
@@ -360,7 +382,7 @@ def local_rollout(
     def new_worker() -> EpisodeWorker:
         return _LocalWorker(env_id, env_kwargs, settings)
 
-    plan = episodes(tasks, n, seed)
+    plan = episodes(tasks, n, seed, skip)
     return schedule(
         plan,
         new_worker,

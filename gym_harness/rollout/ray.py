@@ -19,13 +19,13 @@ their own processes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from gym_harness.errors import WorkerLost
 from gym_harness.rollout import episode
 from gym_harness.rollout.groups import group_settings, run_task
-from gym_harness.rollout.local import Episode, EpisodeWorker, episodes, schedule
+from gym_harness.rollout.local import Episode, EpisodeWorker, Lines, episodes, schedule
 from gym_harness.tasks import Task
 from gym_harness.vector.ray import RayVectorEnv
 from gym_harness.vector.ray_cluster import (
@@ -56,7 +56,7 @@ def ray_rollout(
     env_kwargs: Mapping[str, Any],
     tasks: Sequence[Task],
     *,
-    out: TextIO,
+    out: Lines,
     n: int = episode.DEFAULT_N,
     seed: int = episode.DEFAULT_SEED,
     max_turns: int = episode.DEFAULT_MAX_TURNS,
@@ -71,6 +71,7 @@ def ray_rollout(
     max_steps: int = episode.DEFAULT_MAX_STEPS,
     group: int | None = None,
     fork_at: int = 0,
+    skip: Collection[tuple[str, int]] = (),
 ) -> int:
     """Run ``n`` episodes of every task over a pool of Ray actors; write JSONL.
 
@@ -100,6 +101,7 @@ def ray_rollout(
         max_steps: Model mode: steps per episode at most.
         group: Fork each episode's prefix this many ways (as for ``local_rollout``).
         fork_at: With ``group``: steps before the fork.
+        skip: (task id, episode index) pairs not to run (as for ``local_rollout``).
 
     Returns:
         How many records were written.
@@ -108,7 +110,7 @@ def ray_rollout(
         ConfigError: Ray is missing, or the env cannot be made on a worker.
     """
     grouping = group_settings(group, fork_at)
-    plan = episodes(tasks, n, seed)
+    plan = episodes(tasks, n, seed, skip)
     if not plan:
         return 0
     ray = ray_module(_WHAT)

@@ -126,3 +126,25 @@ def test_bad_group_settings_raise_at_once(group: Any, fork_at: Any) -> None:
             "gym_harness/Reference-v0", {}, [], n=1, seed=0, max_turns=1, follow_up="",
             out=io.StringIO(), group=group, fork_at=fork_at,
         )  # fmt: skip
+
+
+def test_a_prefix_that_ends_before_the_fork_is_one_record_and_the_rest_not_forked(
+    tmp_path: Path,
+) -> None:
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "out.jsonl"
+    tasks.write_text('{"id": "fin", "prompt": "/done Jupiter"}\n')
+    argv = [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", str(tasks)]
+    argv += ["--group", "3", "--fork-at", "5", "--max-turns", "6", "--out", str(out)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["episode_index"] for r in records] == [0, 1, 2]
+    finished, *others = records
+    assert finished["outcome"] == "done" and finished["error_type"] == "", finished["error"]
+    assert len(finished["turns"]) == 1 and finished["reward"] == finished["turns"][0]["reward"]
+    assert finished["forked_from"] is None
+    for record in others:
+        assert (record["outcome"], record["error_type"]) == ("not_forked", "not_forked")
+        assert "ended at step 1 (done" in record["error"] and "fork step 5" in record["error"]
+        assert record["reward"] == 0.0
+        assert record["group_id"] == finished["group_id"] == finished["episode_id"]
