@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import LINE_AGENT
+from support.signals import default_sigint, ignores_sigint
 
 from gym_harness.agents.demo import demo_tasks
 
@@ -456,7 +457,9 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
     command = json.dumps([sys.executable, AGENT])
     argv = [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", str(tasks)]
     argv += ["--env", "gym_harness/Command-v0", "--set", f"command={command}", "--out", str(out)]
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        argv, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    ) as child:
         try:
             assert child.stderr is not None
             seen = ""
@@ -464,6 +467,7 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
                 line = child.stderr.readline()
                 assert line, f"the rollout ended early: {seen}"
                 seen += line
+            assert not ignores_sigint(child.pid)
             child.send_signal(signal.SIGINT)
             assert child.wait(timeout=30) == 130
         finally:
@@ -480,6 +484,35 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
         "out.jsonl.partial",
         "tasks.jsonl",
     ]
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_the_ctrl_c_test_passes_in_a_run_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """As under ``nohup`` or ``cmd &``: the run, and all it starts, inherit SIGINT ignored."""
+    test = f"{__file__}::test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    argv += ["--basetemp", str(tmp_path / "run")]
+    with subprocess.Popen(
+        argv,
+        cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint,
+    ) as run:
+        try:
+            assert ignores_sigint(run.pid)
+            output, _ = run.communicate(timeout=400)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
+    assert run.returncode == 0, output
+    assert "1 passed" in output, output
 
 
 # ---------------------------------------------------------------- modules of the current directory

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support import LINE_AGENT
+from support.signals import default_sigint, ignores_sigint
 
 #: A line-protocol harness whose turn makes a tool call, then waits for a file to appear.
 GATED_AGENT = """
@@ -52,6 +53,7 @@ class Terminal:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the terminal is its stdin, stdout, stderr and controlling tty
             try:
+                default_sigint()  # Ctrl-C interrupts it even if this run ignores SIGINT
                 os.chdir(cwd)
                 os.execv(argv[0], list(argv))
             finally:
@@ -102,6 +104,7 @@ class Terminal:
         try:
             if once is not None:
                 self.read_until(once)
+            assert not ignores_sigint(self.pid)
             self.type(b"\x03")  # Ctrl-C, through the terminal's line discipline
             text = self.read_until(said)
             assert self.wait() == 130
