@@ -104,6 +104,53 @@ def test_bad_input_exits_nonzero_with_one_line(args: list[str], needle: str) -> 
     assert needle in lines[0]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--env", "Reference-v0"],
+        ["--env", "Reference-v0", "run"],  # options before the command are its own
+        ["run", "--env", "Reference"],
+        ["run", "--env", "gym_harness/Refrence-v0"],
+    ],
+)
+def test_an_env_id_of_ours_misnamed_gets_its_full_id(args: list[str]) -> None:
+    result = cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gym-harness: error: Environment `"), result.stderr
+    assert "Did you mean `gym_harness/Reference-v0`?" in result.stderr
+    assert "--env gym_harness/Reference-v0" in result.stderr
+
+
+def test_a_misspelled_option_prints_its_commands_usage_and_the_closest_option() -> None:
+    result = cli("run", "--tsak", "t1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gym-harness run "), result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert (
+        error == "gym-harness run: error: unrecognized arguments: --tsak (did you mean --task?), t1"
+    )
+    rollout = cli("rollout", "t.jsonl", "--out", "o.jsonl", "--max-step", "3", "--follow-upp", "x")
+    assert rollout.stderr.startswith("usage: gym-harness rollout "), rollout.stderr
+    assert "--follow-upp (did you mean --follow-up?)" in rollout.stderr
+
+
+def test_the_bare_command_prints_the_short_help() -> None:
+    result = cli()
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gym-harness "), result.stderr
+    assert "run one episode" in result.stderr and "run N episodes per task" in result.stderr
+    assert "start with `gym-harness run`" in result.stderr
+    assert "required: command" not in result.stderr
+
+
+def test_a_missing_cli_is_named_in_the_commands_words() -> None:
+    result = cli("run", "--env", "gym_harness/Codex-v0", "--set", "executable=no-such-codex")
+    assert result.returncode == 2
+    assert "Codex is not installed here: `no-such-codex`" in result.stderr
+    assert "pass --set executable=/abs/path/to/codex." in result.stderr
+    assert "executable='" not in result.stderr
+
+
 def test_bad_json_in_tasks_file(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "ok", "prompt": "p"}\n{broken\n')
