@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -72,7 +73,10 @@ def test_rollout_writes_one_record_per_episode(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     result = cli("rollout", str(tasks), "-n", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "4/4" in result.stderr
+    # Off a terminal: a line per episode, and no control character (no bar drawn over).
+    progress = [line for line in result.stderr.splitlines() if "ep/s" in line]
+    assert [line.split()[1] for line in progress] == ["1/4", "2/4", "3/4", "4/4"], result.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", result.stderr), result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["task_id"] for r in records] == ["add", "add", "fin", "fin"]
     assert [r["reward"] for r in records] == [1.0, 1.0, 1.0, 1.0]
