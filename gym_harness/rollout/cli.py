@@ -416,9 +416,10 @@ def _interrupted(what: str, trajectory: Trajectory, argv: Sequence[str]) -> str:
     """``run``'s last word after Ctrl-C: what ran, what is left, how to run it again."""
     done = len(trajectory.turns)
     where = what or (f"after turn {done}" if done else "before the episode")
+    finished = f"{done} turn{'' if done == 1 else 's'} finished, shown above" if done else ""
     return (
         f"gym-harness: interrupted (Ctrl-C) {where}; the harness was stopped and its "
-        f"workspace removed ({done} turn{'' if done == 1 else 's'} finished, shown above). "
+        f"workspace removed{f' ({finished})' if finished else ', before any turn finished'}. "
         f"An episode cannot be resumed; to start it again: gym-harness {shlex.join(argv)}"
     )
 

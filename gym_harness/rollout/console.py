@@ -34,6 +34,12 @@ _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _CLEAR_LINE = "\r\x1b[K"
 
 
+def _labelled(label: str, text: str) -> str:
+    """``label`` then ``text``, its continuation lines indented under its first:
+    a prompt's second line never reads as a line of output of its own."""
+    return label + text.replace("\n", "\n" + " " * len(label))
+
+
 def _columns(stream: TextIO) -> int:
     """The width of the terminal ``stream`` writes to (80 when it has none)."""
     try:
@@ -84,7 +90,7 @@ class Console:
     def turn_start(self, turn: int, message: str) -> None:
         """A turn begins: its number and the user message, then the status line."""
         self.line(f"--- turn {turn}")
-        self.line(f"user: {message}")
+        self.line(_labelled("user: ", message))
         self.busy(f"turn {turn} running", f"in turn {turn}")
 
     def event(self, event: HarnessEvent) -> None:
@@ -96,7 +102,7 @@ class Console:
     def turn_end(self, record: TurnRecord) -> None:
         """A turn ended: the reply, its error if any, then its time and reward."""
         self.idle()
-        self.line(f"harness: {record.response}")
+        self.line(_labelled("harness: ", record.response or "(an empty reply)"))
         if record.error_type:
             self.line(f"[{record.error_type}] {record.error}")
         self.line(f"(turn {record.turn}: {record.elapsed_s:.3f}s, reward {record.reward:g})")

@@ -274,6 +274,20 @@ def test_run_with_a_message_runs_no_demo_task() -> None:
     assert "outcome: ok" in result.stdout and "reward: 0" in result.stdout
 
 
+def test_run_indents_continuation_lines_and_says_when_a_reply_is_empty() -> None:
+    result = cli("run", "--message", "first line\nsecond line", "--message", "/done")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("user: first line")
+    assert lines[start : start + 4] == [
+        "user: first line",
+        "      second line",
+        "harness: You said: first line",
+        "         second line",
+    ]
+    assert "harness: (an empty reply)" in lines
+
+
 def test_run_with_a_task_reports_its_outcome_and_score() -> None:
     result = cli("run", "--task", "add")
     assert result.returncode == 0, result.stderr
@@ -286,7 +300,8 @@ def test_run_prints_the_prompt_once_and_each_line_in_the_order_it_happened() -> 
     result = cli("run", "--task", "finish")
     assert result.returncode == 0, result.stderr
     prompt = next(t["prompt"] for t in demo_tasks() if t["id"] == "finish")
-    assert result.stdout.count(prompt) == 1  # as the user message, not in the header too
+    shown = "user: " + prompt.replace("\n", "\n      ")  # continuation lines indented
+    assert result.stdout.count(shown) == 1  # as the user message, not in the header too
     lines = result.stdout.splitlines()
     assert lines[0].startswith("episode ") and lines[0].endswith("(reference), task finish")
     order = ["--- turn 1", "user: ", "  tool call lookup", "  tool result lookup: Jupiter"]
