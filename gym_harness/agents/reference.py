@@ -25,7 +25,7 @@ message is read in order:
 
 The response is these parts joined by newlines, in line order, so a reward can
 check tool results in it; it is also sent as one ``text`` event. A message with
-nothing in it gets ``You said: ``.
+nothing in it (or a bare ``/done``) gets an empty response.
 
 ``openai``: any OpenAI-compatible chat-completions endpoint, given by
 ``--base-url`` (or ``OPENAI_BASE_URL``; requests go to ``BASE_URL/chat/completions``,
@@ -146,7 +146,7 @@ class ScriptedPolicy:
                 if rest.strip():
                     parts.append(rest.strip())
         flush_said()
-        response = "\n".join(parts) if parts else "You said: "
+        response = "\n".join(parts)
         _emit({"type": "text", "text": response})
         _emit({"type": "turn_complete", "response": response, "done": done})
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import difflib
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -80,6 +82,14 @@ _EXIT_HELP = (
     "rollout exits 0 once every record is written (each record has its outcome), 74 when "
     "a record cannot be written (I/O error, full disk), 143 on SIGTERM, 129 on SIGHUP."
 )
+_COMMANDS = ("run", "rollout")
+_SHORT_HELP = """
+commands:
+  run       run one episode, printing each turn as it happens
+  rollout   run N episodes per task to JSONL
+
+start with `gym-harness run` (one episode of the reference harness, no key needed);
+`gym-harness run --help` and `gym-harness rollout --help` list the options."""
 #: A VALUE starting with one of these must be JSON (a list, an object, a quoted string).
 _JSON_STARTS = ("[", "{", '"')
 
@@ -88,8 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _import_from_cwd()
-    args = _parser().parse_args(argv)
+    args = _parse(_parser(), argv)
     try:
+        _check_env_id(args.env)
         if args.command == "run" and args.list_keywords:
             sys.stdout.write(keywords_text(args.env))
             return EXIT_OK
@@ -100,11 +111,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rollout(args, kwargs)
     except (ConfigError, HarnessError, gymnasium.error.Error, OSError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"gym-harness: error: {message}", file=sys.stderr)
+        print(f"gym-harness: error: {_as_cli_words(message)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("gym-harness: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+#: A keyword fix in a message of the Python API (``pass executable='/abs/path'``).
+_PYTHON_KEYWORD = re.compile(r"pass (\w+)='([^']*)'")
+
+
+def _as_cli_words(message: str) -> str:
+    """A message of the Python API in the command's words: ``--set KEY=VALUE`` for
+    ``pass KEY='VALUE'``."""
+    return _PYTHON_KEYWORD.sub(lambda m: f"pass --set {m[1]}={shlex.quote(m[2])}", message)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; usage errors exit 2 with the usage of the command they concern.
+
+    Bare ``gym-harness`` prints the short help. Options before the command are taken
+    as its own (``gym-harness --env ID run`` is ``gym-harness run --env ID``). An
+    unknown option of ``run`` or ``rollout`` prints that command's usage and the
+    closest option it has.
+    """
+    if not argv:
+        parser.print_usage(sys.stderr)
+        print(_SHORT_HELP, file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+    first = next((i for i, word in enumerate(argv) if word in _COMMANDS), 0)
+    if argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version") and first:
+        argv = [argv[first], *argv[:first], *argv[first + 1 :]]
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command: argparse.ArgumentParser = args.command_parser
+        options = [o for a in command._actions for o in a.option_strings]
+        hints = []
+        for extra in extras:
+            close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1)
+            hints += [f"{extra} (did you mean {close[0]}?)" if close else extra]
+        command.error(f"unrecognized arguments: {', '.join(hints)}")
+    return args
+
+
+def _check_env_id(env_id: str) -> None:
+    """Raise ``ConfigError`` for an env id gymnasium does not know, naming the one meant.
+
+    ``Reference-v0`` and ``Reference`` both mean ``gym_harness/Reference-v0``.
+    """
+    if env_id in gymnasium.registry or ":" in env_id:
+        return  # a ``module:Env-v0`` id registers itself when gymnasium imports it
+    ours = [name for name in gymnasium.registry if name.startswith("gym_harness/")]
+    bare = {name.split("/", 1)[1]: name for name in ours}
+    bare.update({name.split("/", 1)[1].rsplit("-v", 1)[0]: name for name in ours})
+    close = difflib.get_close_matches(env_id.split("/")[-1], list(bare), n=1)
+    if not close:
+        return  # gymnasium's own error says what it knows
+    meant = bare[close[0]]
+    raise ConfigError(
+        f"Environment `{env_id}` doesn't exist. Did you mean `{meant}`? "
+        f"(gym_harness's env ids start with gym_harness/: --env {meant})"
+    )
 
 
 def _import_from_cwd() -> None:
@@ -172,6 +240,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EXIT_HELP,
         formatter_class=_HelpFormatter,
     )
+    run.set_defaults(command_parser=run)
     run.add_argument("--task", help="task id (default: picked with --seed; none with --message)")
     run.add_argument(
         "--message",
@@ -202,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
         "recorded; --resume finishes a rollout that was stopped.",
         formatter_class=_HelpFormatter,
     )
+    roll.set_defaults(command_parser=roll)
     roll.add_argument(
         "--max-turns",
         type=int,
@@ -384,9 +454,10 @@ def _interrupted(what: str, trajectory: Trajectory, argv: Sequence[str]) -> str:
     """``run``'s last word after Ctrl-C: what ran, what is left, how to run it again."""
     done = len(trajectory.turns)
     where = what or (f"after turn {done}" if done else "before the episode")
+    finished = f"{done} turn{'' if done == 1 else 's'} finished, shown above" if done else ""
     return (
         f"gym-harness: interrupted (Ctrl-C) {where}; the harness was stopped and its "
-        f"workspace removed ({done} turn{'' if done == 1 else 's'} finished, shown above). "
+        f"workspace removed{f' ({finished})' if finished else ', before any turn finished'}. "
         f"An episode cannot be resumed; to start it again: gym-harness {shlex.join(argv)}"
     )
 

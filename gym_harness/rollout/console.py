@@ -5,8 +5,10 @@ turn starts, each tool call and tool result the moment the harness makes it (the
 ``on_event``), and the reply with the turn's time and reward when it ends. On a terminal a
 status line under the last line shows what runs and for how long (``⠙ turn 2 running,
 12.3 s``), so a slow harness is never silent; elsewhere (a pipe, a log file) only the
-lines are written, each flushed. ``Progress`` is the rollout's bar (a line per episode off
-a terminal).
+lines are written, each flushed. ``Progress`` is the rollout's bar, after the same
+start-up status as ``run``'s (a line per episode off a terminal, with no control
+characters). A line drawn over another clears it first and is cut to the terminal's
+width, so nothing of a longer line is left and nothing wraps.
 
 Threads: the caller's thread writes every line (``on_event`` runs in it, inside
 ``step``). A status thread, only on a terminal, redraws the status line every
@@ -16,6 +18,7 @@ Threads: the caller's thread writes every line (``on_event`` runs in it, inside
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TextIO
@@ -29,6 +32,20 @@ __all__ = ["STATUS_INTERVAL_S", "Console", "Progress"]
 STATUS_INTERVAL_S = 0.1
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _CLEAR_LINE = "\r\x1b[K"
+
+
+def _labelled(label: str, text: str) -> str:
+    """``label`` then ``text``, its continuation lines indented under its first:
+    a prompt's second line never reads as a line of output of its own."""
+    return label + text.replace("\n", "\n" + " " * len(label))
+
+
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to (80 when it has none)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError):  # no file descriptor, or not a terminal
+        return 80
 
 
 class Console:
@@ -73,7 +90,7 @@ class Console:
     def turn_start(self, turn: int, message: str) -> None:
         """A turn begins: its number and the user message, then the status line."""
         self.line(f"--- turn {turn}")
-        self.line(f"user: {message}")
+        self.line(_labelled("user: ", message))
         self.busy(f"turn {turn} running", f"in turn {turn}")
 
     def event(self, event: HarnessEvent) -> None:
@@ -85,7 +102,7 @@ class Console:
     def turn_end(self, record: TurnRecord) -> None:
         """A turn ended: the reply, its error if any, then its time and reward."""
         self.idle()
-        self.line(f"harness: {record.response}")
+        self.line(_labelled("harness: ", record.response or "(an empty reply)"))
         if record.error_type:
             self.line(f"[{record.error_type}] {record.error}")
         self.line(f"(turn {record.turn}: {record.elapsed_s:.3f}s, reward {record.reward:g})")
@@ -153,7 +170,8 @@ class Console:
             return
         spinner = _SPINNER[self._frame % len(_SPINNER)]
         elapsed = time.monotonic() - self._since
-        self.out.write(f"{_CLEAR_LINE}{spinner} {self._label}, {elapsed:.1f} s")
+        status = f"{spinner} {self._label}, {elapsed:.1f} s"
+        self.out.write(_CLEAR_LINE + status[: _columns(self.out) - 1])
         self._drawn = True
 
     def _erase(self) -> None:
@@ -166,6 +184,9 @@ class Console:
 class Progress:
     """``gym-harness rollout``'s progress: one bar on a terminal, a line per episode elsewhere.
 
+    Until the first episode ends, a terminal shows ``run``'s start-up status
+    (``⠙ starting the harness, 2.1 s``).
+
     Args:
         total: How many episodes the rollout runs.
         stream: Where it goes (the command's stderr).
@@ -176,19 +197,36 @@ class Progress:
         self.started = time.monotonic()
         self.tty = stream.isatty()
         self.closed = False
+        self._drawn = False  # a bar is on the terminal's last line
+        self._startup: Console | None = Console(stream, status=self.tty)
+        self._startup.busy("starting the harness", "while the harness started")
 
     def update(self, done: int, outcome: str) -> None:
         """``done`` episodes are written; the last one ended as ``outcome``."""
-        width = 30
-        filled = width * done // self.total
+        self._end_startup()
         rate = done / max(time.monotonic() - self.started, 1e-9)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"[{bar}] {done}/{self.total} {rate:.2f} ep/s ({outcome})"
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        tail = f" {done}/{self.total} {rate:.2f} ep/s ({outcome})"
+        if not self.tty:
+            self.stream.write(f"[{'#' * (30 * done // self.total):.<30}]{tail}\n")
+            self.stream.flush()
+            return
+        columns = _columns(self.stream) - 1  # the last column would wrap on some terminals
+        width = max(min(30, columns - len(tail) - 2), 5)
+        filled = width * done // self.total
+        line = f"[{'#' * filled}{'.' * (width - filled)}]{tail}"
+        self.stream.write(_CLEAR_LINE + line[:columns])
         self.stream.flush()
+        self._drawn = True
 
     def close(self) -> None:
-        """End the bar's line on a terminal. Idempotent."""
-        if self.tty and not self.closed:
+        """End the bar's line on a terminal (or the start-up status). Idempotent."""
+        self._end_startup()
+        if self._drawn and not self.closed:
             self.stream.write("\n")
+            self.stream.flush()
         self.closed = True
+
+    def _end_startup(self) -> None:
+        if self._startup is not None:
+            self._startup.close()
+            self._startup = None

@@ -19,6 +19,7 @@ documentation's configuration reference without a second edit::
 from __future__ import annotations
 
 import dataclasses
+import html
 import inspect
 import re
 import textwrap
@@ -170,9 +171,16 @@ def markdown_table(keywords: Sequence[Keyword]) -> str:
     """The keywords as a Markdown table: name, type, default, description (one row each)."""
     rows = ["| keyword | type | default | description |", "| --- | --- | --- | --- |"]
     for k in keywords:
-        cells = (f"`{k.name}`", f"`{k.type}`", f"`{k.default}`", _markdown(k.doc))
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        code = [_code(str(value)) for value in (k.name, k.type, k.default)]
+        doc = re.sub(r"`([^`]*)`", lambda m: _code(m[1]), _markdown(k.doc))
+        rows.append("| " + " | ".join([*code, doc.replace("|", "\\|")]) + " |")
     return "\n".join(rows) + "\n"
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code in a table cell: a ``|`` in it is an entity, since a code
+    span would show the ``\\|`` that keeps the table's columns apart."""
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
 def keywords_text(env_id: str) -> str:

@@ -29,6 +29,7 @@ import psutil
 import pytest
 from gymnasium.error import ResetNeeded
 from support import LINE_AGENT, SUPPORT
+from support.signals import default_sigint, ignores_sigint
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness import ConfigError, HarnessEnv
@@ -90,12 +91,18 @@ def test_ctrl_c_at_random_instants_leaves_nothing_and_shifts_no_reply(
     rng = random.Random(f"interrupts-{mode}")
     argv = [sys.executable, str(INTERRUPTED), mode]
     child = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env(tmp_path)
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(tmp_path),
+        preexec_fn=default_sigint,
     )
     reports: list[dict[str, Any]] = []
     try:
         assert child.stdin is not None and child.stdout is not None
         assert json.loads(child.stdout.readline()) == {"ready": True}
+        assert not ignores_sigint(child.pid)
         landed = 0
         while landed < TRIALS:
             time.sleep(rng.uniform(0.0, SPREAD_S[mode]))
@@ -149,7 +156,8 @@ except KeyboardInterrupt:
 left = [p.pid for p in psutil.Process().children(recursive=True)]
 ports = [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"]
 print(json.dumps({"outcome": outcome, "after_s": time.monotonic() - started, "left": left,
-                  "ports": ports, "root_exists": os.path.exists(root)}), flush=True)
+                  "ports": ports, "root_exists": os.path.exists(root),
+                  "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}), flush=True)
 """
 
 
@@ -163,9 +171,11 @@ def test_ctrl_c_while_a_slow_harness_stops_is_raised_once_the_tree_is_gone(
         timeout=60,
         env=child_env(tmp_path),
         check=False,
+        preexec_fn=default_sigint,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
+    assert not report["sigint_ignored"]
     assert report["outcome"] == "interrupted"  # late, not lost
     assert report["after_s"] >= 1.5  # it waited for the grace: the stop ran whole
     assert report["left"] == [] and report["ports"] == [] and not report["root_exists"]

@@ -215,7 +215,7 @@ def test_done_ends_the_turn_with_done_true(start_agent: Any) -> None:
     }
     assert agent.turn("/done")[-1] == {
         "type": "turn_complete",
-        "response": "You said: ",
+        "response": "",
         "done": True,
     }
 
@@ -225,7 +225,7 @@ def test_done_ends_the_turn_with_done_true(start_agent: Any) -> None:
     [
         ("hello", "You said: hello"),
         ("two\nlines", "You said: two\nlines"),
-        ("", "You said: "),
+        ("", ""),
         ('héllo 世界 🎉 \u0000 \\ "q"', 'You said: héllo 世界 🎉 \u0000 \\ "q"'),
     ],
 )

@@ -16,9 +16,11 @@ comment on the line before a block changes what the test does with it:
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,19 +169,23 @@ def test_the_configuration_reference_lists_every_harness_config_field() -> None:
     assert "<!-- generated: config-reference -->" in page.splitlines()
     built = expand_generated("<!-- generated: config-reference -->")  # what the build puts there
     rows = {
-        line.split("|")[1].strip().strip("`"): line
+        line.split("|")[1].strip().removeprefix("<code>").removesuffix("</code>"): line
         for line in built.splitlines()
-        if line.startswith("| `")
+        if line.startswith("| <code>")
     }
+
+    def code(text: object) -> str:  # a code cell: its pipes are entities, never ``\\|``
+        return f"<code>{html.escape(str(text)).replace('|', '&#124;')}</code>"
+
     for field in dataclasses.fields(HarnessConfig):
         row = rows.get(field.name)
         assert row is not None, f"HarnessConfig.{field.name} is missing from the reference"
         cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
         name, kind, default, doc = (cell.strip() for cell in cells)
-        assert name == f"`{field.name}`"
-        assert kind == f"`{field.type}`".replace("|", "\\|")
+        assert name == code(field.name)
+        assert kind == code(field.type)
         (keyword,) = [k for k in config_fields() if k.name == field.name]
-        assert default == f"`{keyword.default}`".replace("|", "\\|")
+        assert default == code(keyword.default)
         assert doc, f"HarnessConfig.{field.name} has no line in the class's Args: docstring"
 
 
@@ -196,3 +202,31 @@ def test_an_unknown_generated_table_fails_the_build() -> None:
 
     with pytest.raises(ConfigError, match="unknown generated table"):
         expand_generated("<!-- generated: nothing-like-this -->\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_built_site_shows_types_as_types_and_one_reference_in_its_navigation(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
+    site = tmp_path / "site"
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    escaped = [
+        f"{page.relative_to(site)}: {line.strip()[:120]}"
+        for page in site.rglob("*.html")
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if "\\|" in line
+    ]
+    assert escaped == []  # a table's escaped pipe shown as such (`str \| None`)
+    home = (site / "index.html").read_text(encoding="utf-8")
+    labels = re.findall(r'class="md-ellipsis">\s*([^<]*?)\s*<', home)
+    assert labels.count("Reference") <= 1, labels

@@ -8,7 +8,9 @@ that nothing is left behind. They are committed with outputs stripped.
 from __future__ import annotations
 
 import html
+import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +110,21 @@ def test_you_are_the_model_runs() -> None:
     assert "token_ids=(1, 2, 3)" in out  # trajectory.calls keeps the action's token ids
     assert "done r=1.0" in out and "autoreset" in out  # the 4-env section
     assert "ERROR" not in out
+
+
+#: Text the notebooks once said that the code no longer does.
+STALE = ["shared_memory=False", "do not fit shared-memory", "do not fit shared memory"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_notebooks_text_names_only_what_exists(name: str) -> None:
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert not [phrase for phrase in STALE if phrase in text]
+    for dotted in set(re.findall(r"`(gym_harness(?:\.\w+)+)", text)):
+        parts = dotted.split(".")
+        found: object = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            if not hasattr(found, part):
+                found = importlib.import_module(f"{found.__name__}.{part}")  # type: ignore[attr-defined]
+        assert found is not None, dotted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support import LINE_AGENT
+from support.signals import default_sigint, ignores_sigint
 
 from gym_harness.agents.demo import demo_tasks
 
@@ -71,7 +73,10 @@ def test_rollout_writes_one_record_per_episode(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     result = cli("rollout", str(tasks), "-n", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "4/4" in result.stderr
+    # Off a terminal: a line per episode, and no control character (no bar drawn over).
+    progress = [line for line in result.stderr.splitlines() if "ep/s" in line]
+    assert [line.split()[1] for line in progress] == ["1/4", "2/4", "3/4", "4/4"], result.stderr
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", result.stderr), result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["task_id"] for r in records] == ["add", "add", "fin", "fin"]
     assert [r["reward"] for r in records] == [1.0, 1.0, 1.0, 1.0]
@@ -101,6 +106,53 @@ def test_bad_input_exits_nonzero_with_one_line(args: list[str], needle: str) -> 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gym-harness: error:"), result.stderr
     assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--env", "Reference-v0"],
+        ["--env", "Reference-v0", "run"],  # options before the command are its own
+        ["run", "--env", "Reference"],
+        ["run", "--env", "gym_harness/Refrence-v0"],
+    ],
+)
+def test_an_env_id_of_ours_misnamed_gets_its_full_id(args: list[str]) -> None:
+    result = cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gym-harness: error: Environment `"), result.stderr
+    assert "Did you mean `gym_harness/Reference-v0`?" in result.stderr
+    assert "--env gym_harness/Reference-v0" in result.stderr
+
+
+def test_a_misspelled_option_prints_its_commands_usage_and_the_closest_option() -> None:
+    result = cli("run", "--tsak", "t1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gym-harness run "), result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert (
+        error == "gym-harness run: error: unrecognized arguments: --tsak (did you mean --task?), t1"
+    )
+    rollout = cli("rollout", "t.jsonl", "--out", "o.jsonl", "--max-step", "3", "--follow-upp", "x")
+    assert rollout.stderr.startswith("usage: gym-harness rollout "), rollout.stderr
+    assert "--follow-upp (did you mean --follow-up?)" in rollout.stderr
+
+
+def test_the_bare_command_prints_the_short_help() -> None:
+    result = cli()
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gym-harness "), result.stderr
+    assert "run one episode" in result.stderr and "run N episodes per task" in result.stderr
+    assert "start with `gym-harness run`" in result.stderr
+    assert "required: command" not in result.stderr
+
+
+def test_a_missing_cli_is_named_in_the_commands_words() -> None:
+    result = cli("run", "--env", "gym_harness/Codex-v0", "--set", "executable=no-such-codex")
+    assert result.returncode == 2
+    assert "Codex is not installed here: `no-such-codex`" in result.stderr
+    assert "pass --set executable=/abs/path/to/codex." in result.stderr
+    assert "executable='" not in result.stderr
 
 
 def test_bad_json_in_tasks_file(tmp_path: Path) -> None:
@@ -222,6 +274,20 @@ def test_run_with_a_message_runs_no_demo_task() -> None:
     assert "outcome: ok" in result.stdout and "reward: 0" in result.stdout
 
 
+def test_run_indents_continuation_lines_and_says_when_a_reply_is_empty() -> None:
+    result = cli("run", "--message", "first line\nsecond line", "--message", "/done")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("user: first line")
+    assert lines[start : start + 4] == [
+        "user: first line",
+        "      second line",
+        "harness: You said: first line",
+        "         second line",
+    ]
+    assert "harness: (an empty reply)" in lines
+
+
 def test_run_with_a_task_reports_its_outcome_and_score() -> None:
     result = cli("run", "--task", "add")
     assert result.returncode == 0, result.stderr
@@ -234,7 +300,8 @@ def test_run_prints_the_prompt_once_and_each_line_in_the_order_it_happened() -> 
     result = cli("run", "--task", "finish")
     assert result.returncode == 0, result.stderr
     prompt = next(t["prompt"] for t in demo_tasks() if t["id"] == "finish")
-    assert result.stdout.count(prompt) == 1  # as the user message, not in the header too
+    shown = "user: " + prompt.replace("\n", "\n      ")  # continuation lines indented
+    assert result.stdout.count(shown) == 1  # as the user message, not in the header too
     lines = result.stdout.splitlines()
     assert lines[0].startswith("episode ") and lines[0].endswith("(reference), task finish")
     order = ["--- turn 1", "user: ", "  tool call lookup", "  tool result lookup: Jupiter"]
@@ -456,7 +523,9 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
     command = json.dumps([sys.executable, AGENT])
     argv = [sys.executable, "-m", "gym_harness.rollout.cli", "rollout", str(tasks)]
     argv += ["--env", "gym_harness/Command-v0", "--set", f"command={command}", "--out", str(out)]
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as child:
+    with subprocess.Popen(
+        argv, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    ) as child:
         try:
             assert child.stderr is not None
             seen = ""
@@ -464,6 +533,7 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
                 line = child.stderr.readline()
                 assert line, f"the rollout ended early: {seen}"
                 seen += line
+            assert not ignores_sigint(child.pid)
             child.send_signal(signal.SIGINT)
             assert child.wait(timeout=30) == 130
         finally:
@@ -480,6 +550,35 @@ def test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file(tmp_pa
         "out.jsonl.partial",
         "tasks.jsonl",
     ]
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_the_ctrl_c_test_passes_in_a_run_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """As under ``nohup`` or ``cmd &``: the run, and all it starts, inherit SIGINT ignored."""
+    test = f"{__file__}::test_ctrl_c_mid_rollout_keeps_the_records_written_beside_the_out_file"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    argv += ["--basetemp", str(tmp_path / "run")]
+    with subprocess.Popen(
+        argv,
+        cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint,
+    ) as run:
+        try:
+            assert ignores_sigint(run.pid)
+            output, _ = run.communicate(timeout=400)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
+    assert run.returncode == 0, output
+    assert "1 passed" in output, output
 
 
 # ---------------------------------------------------------------- modules of the current directory

@@ -8,13 +8,16 @@ Every read waits for a given text with a bounded deadline; nothing is timed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pty
 import re
 import select
 import signal
+import struct
 import sys
+import termios
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support import LINE_AGENT
+from support.signals import default_sigint, ignores_sigint
 
 #: A line-protocol harness whose turn makes a tool call, then waits for a file to appear.
 GATED_AGENT = """
@@ -48,10 +52,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 class Terminal:
     """A command on a pseudo-terminal: read what it shows, type to it, wait for it."""
 
-    def __init__(self, argv: Sequence[str], cwd: Path) -> None:
+    def __init__(self, argv: Sequence[str], cwd: Path, columns: int = 80) -> None:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the terminal is its stdin, stdout, stderr and controlling tty
             try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+                default_sigint()  # Ctrl-C interrupts it even if this run ignores SIGINT
                 os.chdir(cwd)
                 os.execv(argv[0], list(argv))
             finally:
@@ -102,6 +108,7 @@ class Terminal:
         try:
             if once is not None:
                 self.read_until(once)
+            assert not ignores_sigint(self.pid)
             self.type(b"\x03")  # Ctrl-C, through the terminal's line discipline
             text = self.read_until(said)
             assert self.wait() == 130
@@ -119,6 +126,25 @@ class Terminal:
 
 def gym_harness(*args: str) -> list[str]:
     return [sys.executable, "-m", "gym_harness", *args]
+
+
+def screen(shown: str) -> list[str]:
+    """The lines a terminal shows for ``shown``: ``\\r`` returns, ``ESC[K`` clears to the end."""
+    lines: list[str] = []
+    line: list[str] = []
+    column = 0
+    for part in re.split(r"(\x1b\[K|\r|\n)", shown):
+        if part == "\x1b[K":
+            del line[column:]
+        elif part == "\r":
+            column = 0
+        elif part == "\n":
+            lines.append("".join(line))
+            line, column = [], 0
+        else:
+            line[column : column + len(part)] = part
+            column += len(part)
+    return [*lines, "".join(line)]
 
 
 def test_run_streams_each_turn_as_it_happens_with_a_status_line(tmp_path: Path) -> None:
@@ -175,7 +201,8 @@ def test_ctrl_c_while_the_harness_starts_says_so(tmp_path: Path) -> None:
         r"to start it again: .*\n", once=r"starting the harness, \d+\.\d s"
     )
     assert "interrupted (Ctrl-C) while the harness started, " in said
-    assert "(0 turns finished" in said
+    assert "workspace removed, before any turn finished." in " ".join(said.split())
+    assert "shown above" not in said
 
 
 def test_ctrl_c_mid_rollout_says_what_was_kept(tmp_path: Path) -> None:
@@ -191,3 +218,26 @@ def test_ctrl_c_mid_rollout_says_what_was_kept(tmp_path: Path) -> None:
     )
     assert f"the 1 written is in {partial}" in " ".join(said.split())
     assert [json.loads(line)["task_id"] for line in partial.read_text().splitlines()] == ["fast"]
+
+
+@pytest.mark.parametrize("columns", [80, 160, 40])
+def test_rollout_shows_the_start_up_status_then_a_bar_that_leaves_no_residue(
+    tmp_path: Path, columns: int
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": "t{i}", "prompt": "/done {i}"}}\n' for i in range(3)))
+    command = json.dumps([sys.executable, str(LINE_AGENT)])
+    args = ["rollout", str(tasks), "--env", "gym_harness/Command-v0", "--set", f"command={command}"]
+    term = Terminal(gym_harness(*args, "--out", str(tmp_path / "out.jsonl")), tmp_path, columns)
+    try:
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert re.search(r"starting the harness, \d+\.\d s", term.seen), term.seen
+    lines = [line for line in screen(term.seen) if line]
+    # The status and every bar were drawn over: the last bar is all that is left of them.
+    assert re.fullmatch(r"\[#+\] 3/3 \d+\.\d\d ep/s \(max_turns\)", lines[0]), lines
+    assert lines[1:] == [f"wrote 3 episodes to {tmp_path / 'out.jsonl'}"], lines
+    # No status or bar reaches the last column (where a terminal may wrap).
+    drawn = re.split(r"\r|\n|\x1b\[K", term.seen)
+    assert max(len(d) for d in drawn if "ep/s" in d or "starting" in d) < columns

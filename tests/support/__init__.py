@@ -6,6 +6,7 @@
 * ``process``: the fake harness of the process tests and the pid checks around it.
 * ``gate``: a tool body that blocks until the test releases it.
 * ``policies``: policies for model-mode rollouts.
+* ``signals``: Ctrl-C in started processes whatever SIGINT disposition the run inherited.
 * ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use
   the path constants below, never a path of your own.
 """
