@@ -9,6 +9,8 @@
   :mod:`~gym_harness.rollout.keywords` (every keyword of an env id, read from the code:
   ``--list-keywords``, the unknown-keyword check, the docs' generated reference) and
   :mod:`~gym_harness.rollout.outfile` (``OUT.partial``: whole-line writes, ``--resume``).
+  cli.py is one job, the command line: its parsers, their errors and hints, and the two
+  commands' runs and exit statuses.
 
 The top of the package: it may import the env and anything below; nothing imports it.
 """

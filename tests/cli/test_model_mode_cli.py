@@ -191,10 +191,10 @@ def test_an_answer_after_policy_timeout_is_policy_timeout(cli: str, make_env: An
         first = json.loads(obs)
         tool = env_tool(first)
         assert tool is not None
-        model = env._model  # the env's endpoint says when the CLI got its 504
-        assert model is not None
+        endpoint = env._mode.endpoint  # it says when the CLI got its 504
+        assert endpoint is not None
         deadline = time.monotonic() + 60
-        while model.endpoint.lapses()[0] < 1:
+        while endpoint.lapses()[0] < 1:
             assert time.monotonic() < deadline, "the call never timed out"
             time.sleep(0.05)
         obs, rew, terminated, truncated, info = env.step(call_tool(tool, {"a": 20, "b": 22}))

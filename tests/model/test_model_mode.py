@@ -464,7 +464,7 @@ def test_a_turn_ended_as_if_done_after_a_timed_out_call_is_policy_timeout() -> N
         obs, info = env.reset(seed=0)  # its call before "ready" timed out: the turn ended
         assert info["error_type"] == Outcome.POLICY_TIMEOUT, info["error"]
         assert json.loads(obs)["request_id"] == ""
-        (call,) = env._model.endpoint.calls() if env._model else ()
+        (call,) = env._mode.endpoint.calls() if env._mode.endpoint else ()
         assert (call.status, call.completion) == (504, None)
         assert call.request_id in info["error"] and "as if done" in info["error"]
         _, rew, term, trunc, info = env.step("anything")

@@ -73,7 +73,7 @@ def test_a_side_call_goes_upstream_with_the_real_key(monkeypatch: pytest.MonkeyP
         )
         try:
             events, texts = play(env)
-            token = env._model.endpoint.token if env._model else ""
+            token = env._mode.endpoint.token if env._mode.endpoint else ""
             logged = upstream.requests()
             assert [r.body["model"] for r in logged] == ["gym-side"]  # main calls: the policy
             assert logged[0].headers["authorization"] == f"Bearer {REAL_KEY}"

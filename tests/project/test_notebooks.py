@@ -103,7 +103,10 @@ def test_custom_tools_and_rewards_runs() -> None:
 @pytest.mark.timeout(600)
 def test_you_are_the_model_runs() -> None:
     out = _outputs(_execute(NOTEBOOKS / "you_are_the_model.ipynb"))
-    keys = "['api', 'messages', 'model', 'request_id', 'sampling', 'stream', 'tools']"
+    keys = (
+        "['api', 'extends', 'messages', 'model', 'new_from', 'request_id', 'sampling', "
+        "'stream', 'tools']"
+    )
     assert f"observation keys: {keys}" in out
     assert "-> last message tool: " in out  # the tool really ran; its result came back
     assert "reward: 1.0" in out  # the scripted policy answered with the tool's result

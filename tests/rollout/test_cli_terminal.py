@@ -211,7 +211,7 @@ def test_ctrl_c_mid_rollout_says_what_was_kept(tmp_path: Path) -> None:
     command = json.dumps([sys.executable, str(LINE_AGENT)])
     args = ["rollout", str(tasks), "--env", "gym_harness/Command-v0", "--set", f"command={command}"]
     term = Terminal(gym_harness(*args, "--out", str(tmp_path / "out.jsonl")), tmp_path)
-    said = term.interrupt(r"start the rollout over\.", once=r"1/2")
+    said = term.interrupt(r"--resume", once=r"1/2")
     partial = tmp_path / "out.jsonl.partial"
     assert f"interrupted (Ctrl-C) after 1 of 2 episodes; {tmp_path / 'out.jsonl'} is untouched" in (
         " ".join(said.split())
