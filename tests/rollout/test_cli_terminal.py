@@ -213,10 +213,10 @@ def test_ctrl_c_mid_rollout_says_what_was_kept(tmp_path: Path) -> None:
     term = Terminal(gym_harness(*args, "--out", str(tmp_path / "out.jsonl")), tmp_path)
     said = term.interrupt(r"--resume", once=r"1/2")
     partial = tmp_path / "out.jsonl.partial"
-    assert f"interrupted (Ctrl-C) after 1 of 2 episodes; {tmp_path / 'out.jsonl'} is untouched" in (
-        " ".join(said.split())
-    )
-    assert f"the 1 written is in {partial}" in " ".join(said.split())
+    words = " ".join(said.split())
+    assert "interrupted (Ctrl-C) with 1 of 2 records written;" in words
+    assert f"1 whole record kept in {partial}" in words
+    assert not (tmp_path / "out.jsonl").exists()
     assert [json.loads(line)["task_id"] for line in partial.read_text().splitlines()] == ["fast"]
 
 
