@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,7 @@ from gym_harness.errors import ConfigError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Task", "load_tasks", "pick_task"]
+__all__ = ["Task", "as_task", "load_tasks", "pick_task"]
 
 
 @dataclass(frozen=True)
@@ -216,3 +217,30 @@ def pick_task(
     if not tasks:
         return None
     return tasks[int(rng.integers(len(tasks)))]
+
+
+def as_task(task: Any) -> dict[str, Any]:
+    """``task`` as a task dict: a dict with ``prompt``, a prompt string, or chat messages
+    (the last user message's text is the prompt); an id made from the prompt when it has none.
+
+    Raises:
+        ConfigError: ``task`` is none of these.
+    """
+    if isinstance(task, Mapping) and "prompt" in task:
+        found = dict(task)
+    elif isinstance(task, str):
+        found = {"prompt": task}
+    elif isinstance(task, list) and task and all(isinstance(m, Mapping) for m in task):
+        users = [m.get("content") for m in task if m.get("role") == "user"]
+        if not users or not isinstance(users[-1], str):
+            raise ConfigError("chat-message tasks need a last user message with text content.")
+        found = {"prompt": users[-1]}
+    else:
+        raise ConfigError(
+            "a task is a dict with 'prompt' (and 'id', 'files', ...), a prompt string, or a "
+            f"list of chat messages; got {type(task).__name__}."
+        )
+    if "id" not in found:
+        digest = hashlib.sha256(json.dumps(found["prompt"]).encode()).hexdigest()
+        found["id"] = f"prompt-{digest[:12]}"
+    return found

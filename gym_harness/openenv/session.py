@@ -16,8 +16,6 @@ waits for, so that it can return when ``timeout_s`` runs out.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +35,7 @@ from openenv.core.harness import (
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.model.request import BadRequest, read_request
+from gym_harness.tasks import as_task
 
 __all__ = ["EnvSession", "HarnessSessionFactory", "TextLevelTrace", "training_trace"]
 
@@ -355,25 +354,3 @@ class HarnessSessionFactory(ResourceSessionFactory[EnvSession]):
         except BaseException:
             env.close()
             raise
-
-
-def as_task(task: Any) -> dict[str, Any]:
-    """``task`` as a task dict (an id made from the prompt when it has none)."""
-    if isinstance(task, Mapping) and "prompt" in task:
-        found = dict(task)
-    elif isinstance(task, str):
-        found = {"prompt": task}
-    elif isinstance(task, list) and task and all(isinstance(m, Mapping) for m in task):
-        users = [m.get("content") for m in task if m.get("role") == "user"]
-        if not users or not isinstance(users[-1], str):
-            raise ConfigError("chat-message tasks need a last user message with text content.")
-        found = {"prompt": users[-1]}
-    else:
-        raise ConfigError(
-            "a task is a dict with 'prompt' (and 'id', 'files', ...), a prompt string, or a "
-            f"list of chat messages; got {type(task).__name__}."
-        )
-    if "id" not in found:
-        digest = hashlib.sha256(json.dumps(found["prompt"]).encode()).hexdigest()
-        found["id"] = f"prompt-{digest[:12]}"
-    return found

@@ -28,12 +28,11 @@ Importing this module imports no torch or trl; the callable imports them when it
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gym_harness.errors import ConfigError
+from gym_harness.tasks import as_task
 from gym_harness.training.groups import EpisodeRow, GroupRollout, Sampler
 from gym_harness.training.tool_calls import completion_action
 
@@ -175,27 +174,8 @@ def env_reward(
 
 
 def task_of(prompt: Any) -> dict[str, Any]:
-    """A TRL prompt entry as a task: a prompt string, chat messages (the last user
-    message's text is the task's prompt; the harness writes its own system prompt), or a
-    task dict with ``prompt``."""
-    if isinstance(prompt, Mapping) and "prompt" in prompt:
-        task = dict(prompt)
-    elif isinstance(prompt, str):
-        task = {"prompt": prompt}
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, Mapping) for m in prompt):
-        users = [m.get("content") for m in prompt if m.get("role") == "user"]
-        if not users or not isinstance(users[-1], str):
-            raise ConfigError("a chat prompt needs a last user message with text content")
-        task = {"prompt": users[-1]}
-    else:
-        raise ConfigError(
-            "a prompt is a string, a list of chat messages or a task dict with 'prompt'; "
-            f"got {type(prompt).__name__}"
-        )
-    if "id" not in task:
-        digest = hashlib.sha256(json.dumps(task["prompt"]).encode()).hexdigest()
-        task["id"] = f"prompt-{digest[:12]}"
-    return task
+    """A TRL prompt entry as a task (:func:`gym_harness.tasks.as_task`)."""
+    return as_task(prompt)
 
 
 class TrainerSampler:
