@@ -28,13 +28,13 @@ CLI = [sys.executable, "-m", "gym_harness.rollout.cli"]
 
 #: The line agent, waiting an hour before it answers while the test's folder holds
 #: ``hold`` and the workspace a ``gate`` file; its argv names the test's folder, so a
-#: leftover process is found.
-GATED_AGENT = f"""
+#: leftover process is found, and the line agent, so the sandbox lets the harness read it.
+GATED_AGENT = """
 import os, sys
-folder = sys.argv[1]
+folder, line_agent = sys.argv[1:3]
 held = os.path.exists(os.path.join(folder, "hold")) and os.path.exists("gate")
 delay = "3600" if held else "0"
-os.execv(sys.executable, [sys.executable, {str(LINE_AGENT)!r}, "echo", "--delay", delay, folder])
+os.execv(sys.executable, [sys.executable, line_agent, "echo", "--delay", delay, folder])
 """
 
 
@@ -61,7 +61,7 @@ def gated_rollout(tmp_path: Path, *extra: str) -> list[str]:
     )
     agent = tmp_path / "gated_agent.py"
     agent.write_text(GATED_AGENT)
-    command = json.dumps([sys.executable, str(agent), str(tmp_path)])
+    command = json.dumps([sys.executable, str(agent), str(tmp_path), str(LINE_AGENT)])
     argv = [*CLI, "rollout", str(tasks), "--env", "gym_harness/Command-v0"]
     return [*argv, "--set", f"command={command}", "--out", str(tmp_path / "out.jsonl"), *extra]
 
