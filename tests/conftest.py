@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from support.bridges import bridge, bridge_args  # noqa: F401  (fixtures: one bridge builder)
 from support.gate import gate  # noqa: F401  (a fixture: shared by the bridge tests)
 from support.process import tagged_processes
 

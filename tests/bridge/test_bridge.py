@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,7 +51,7 @@ def _raw_post(url: str, headers: dict[str, str]) -> httpx2.Response:
 
 
 @pytest.fixture
-def bridge(gate: Gate) -> Iterator[MCPBridge]:
+def bridge_args(gate: Gate) -> tuple[Any, dict[str, Any]]:
     def boom(reason: str) -> str:
         """Always fails."""
         raise RuntimeError(f"tool failed: {reason}")
@@ -70,9 +69,7 @@ def bridge(gate: Gate) -> Iterator[MCPBridge]:
         server.tool(fn)
     server.tool(sample_tools.peek_answer, tags={INTERNAL_TAG})
     server.tool(sample_tools.score, tags={REWARD_TAG})
-    with MCPBridge(server, builtin_names={"read"}, tool_timeout_s=1.0) as b:
-        yield b
-    gate.event.set()
+    return server, {"builtin_names": {"read"}, "tool_timeout_s": 1.0}
 
 
 def test_list_and_call_over_http(bridge: MCPBridge) -> None:

@@ -17,7 +17,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,9 +38,8 @@ def add(a: int, b: int) -> int:
 
 
 @pytest.fixture
-def bridge() -> Iterator[MCPBridge]:
-    with MCPBridge([add], header_timeout_s=1.0, idle_timeout_s=1.0) as b:
-        yield b
+def bridge_args() -> tuple[Any, dict[str, Any]]:
+    return [add], {"header_timeout_s": 1.0, "idle_timeout_s": 1.0}
 
 
 def _port(bridge: MCPBridge) -> int:

@@ -14,32 +14,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.cli import Calls, cli_env, cli_path, real_cli
+from support.cli import (
+    PROMPT,
+    Calls,
+    adding_policy,
+    cli_env,
+    cli_path,
+    env_tool,
+    harness_for,
+    real_cli,
+)
 from support.model_endpoint import ModelEndpoint
 
-from gym_harness.harnesses.claude_code import ClaudeCodeHarness
-from gym_harness.harnesses.codex import CodexHarness
-
-PROMPT = "please add the numbers"
 KEY_VAR = {"claude": "ANTHROPIC_API_KEY", "gemini_cli": "GEMINI_API_KEY"}
-
-
-def env_tool(observation: dict[str, Any]) -> str | None:
-    """The env tool ``add`` under the name this CLI gave it."""
-    names = [t["function"]["name"] for t in observation["tools"]]
-    return next((n for n in names if n.endswith("add") and "env" in n), None)
-
-
-def adding_policy(observation: dict[str, Any]) -> str:
-    """Call the env tool once, then answer with its result; side calls get plain text."""
-    tool = env_tool(observation)
-    results = [m for m in observation["messages"] if m["role"] == "tool" and m["name"] == tool]
-    if tool is None:
-        return "Adding numbers"  # a side call without tools (OpenCode's title)
-    if results:
-        return json.dumps({"content": f"the sum is {results[-1]['content']}"})
-    call = {"name": tool, "arguments": {"a": 20, "b": 22}}
-    return json.dumps({"content": "", "tool_calls": [call]})
 
 
 @pytest.fixture
@@ -48,14 +35,6 @@ def endpoint(monkeypatch: pytest.MonkeyPatch, cli: str) -> Iterator[ModelEndpoin
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     with ModelEndpoint(adding_policy, keepalives=2, pause_s=0.2) as served:
         yield served
-
-
-def harness_for(cli: str, base_url: str) -> Any:
-    if cli == "claude":
-        return ClaudeCodeHarness(executable=cli_path("claude"), model="m1", base_url=base_url)
-    if cli == "codex":
-        return CodexHarness(executable=cli_path("codex"), model="m1", base_url=base_url + "/v1")
-    raise AssertionError(cli)
 
 
 def acp_kwargs(cli: str, base_url: str) -> dict[str, Any]:

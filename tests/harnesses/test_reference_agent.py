@@ -106,14 +106,9 @@ class Agent:
         self._stderr.close()
 
 
-@pytest.fixture(scope="module")
-def bridge() -> Iterator[MCPBridge]:
-    bridge = MCPBridge(DEMO_TOOLS)
-    bridge.start()
-    try:
-        yield bridge
-    finally:
-        bridge.stop()
+@pytest.fixture
+def bridge_args() -> tuple[Any, dict[str, Any]]:
+    return DEMO_TOOLS, {}
 
 
 def agent_env(bridge: MCPBridge | None, **extra: str) -> dict[str, str]:

@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.cli import Calls, cli_env, real_cli
+from support.cli import PROMPT, Calls, adding_policy, cli_env, harness_for, real_cli
 from test_model_wire import ENV_TOOL, captured, read_back
-from test_model_wire_cli import PROMPT, adding_policy, harness_for
 
 from gym_harness.errors import ConfigError
 from gym_harness.model import (

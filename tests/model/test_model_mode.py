@@ -297,15 +297,15 @@ def test_a_harness_stalling_after_the_answer_times_out(limit: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_policy_thinking_between_steps_never_times_the_turn_out(kind: str) -> None:
+def test_a_policy_thinking_between_steps_never_times_the_turn_out(kind: str, clock: Clock) -> None:
     """(j): the limits count from each answer, not while the policy holds the call."""
     # Limits the harness's own work between two calls fits in even on a machine so loaded
     # that a process stalls for seconds (5 s was seen to be too little), and a policy that
-    # thinks longer than both.
+    # thinks (on the moved clock) longer than both.
     env = model_env(kind, [add], reward_fn=reward, turn_timeout_s=15.0, idle_timeout_s=12.0)
     try:
         env.reset(seed=0)
-        time.sleep(16)
+        clock.advance(16)
         _, _, term, trunc, info = env.step(call_add())
         assert (term, trunc, info["error_type"]) == (False, False, ""), info["error"]
         _, rew, term, trunc, info = env.step("5")

@@ -29,6 +29,8 @@ import pytest
 
 from gym_harness import HarnessEnv
 from gym_harness.harnesses import EpisodeContext, Harness
+from gym_harness.harnesses.claude_code import ClaudeCodeHarness
+from gym_harness.harnesses.codex import CodexHarness
 from support.model_server import LoggedRequest, ScriptedModelServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,3 +278,32 @@ def assert_gone(pids: list[int]) -> None:
     """Every pid has exited (a zombie not yet reaped by its parent counts as exited)."""
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+PROMPT = "please add the numbers"
+
+
+def env_tool(observation: dict[str, Any]) -> str | None:
+    """The env tool ``add`` under the name this CLI gave it."""
+    names = [t["function"]["name"] for t in observation["tools"]]
+    return next((n for n in names if n.endswith("add") and "env" in n), None)
+
+
+def adding_policy(observation: dict[str, Any]) -> str:
+    """Call the env tool once, then answer with its result; side calls get plain text."""
+    tool = env_tool(observation)
+    results = [m for m in observation["messages"] if m["role"] == "tool" and m["name"] == tool]
+    if tool is None:
+        return "Adding numbers"  # a side call without tools (OpenCode's title)
+    if results:
+        return json.dumps({"content": f"the sum is {results[-1]['content']}"})
+    call = {"name": tool, "arguments": {"a": 20, "b": 22}}
+    return json.dumps({"content": "", "tool_calls": [call]})
+
+
+def harness_for(cli: str, base_url: str) -> Any:
+    if cli == "claude":
+        return ClaudeCodeHarness(executable=cli_path("claude"), model="m1", base_url=base_url)
+    if cli == "codex":
+        return CodexHarness(executable=cli_path("codex"), model="m1", base_url=base_url + "/v1")
+    raise AssertionError(cli)
