@@ -24,6 +24,7 @@ from support.cli import (
     killed_turn,
     real_cli,
     stalled_turn,
+    tier_settings,
     two_turns,
 )
 from support.model_server import ScriptedModelServer
@@ -240,9 +241,10 @@ def agent_env(
 
 @real_cli(timeout=150)
 @pytest.mark.parametrize("name", AGENTS)
-def test_real_agent_two_turns(name: str, model: ScriptedModelServer) -> None:
+@pytest.mark.parametrize("tier", ["auto", "strict"])
+def test_real_agent_two_turns(tier: str, name: str, model: ScriptedModelServer) -> None:
     calls = Calls()
-    first = two_turns(agent_env(name, model, calls), calls, model)
+    first = two_turns(agent_env(name, model, calls, **tier_settings(tier, model)), calls, model)
     assert "tool said:" in first.reply
 
 

@@ -22,6 +22,7 @@ from support.cli import (
     killed_turn,
     real_cli,
     stalled_turn,
+    tier_settings,
     tree_after_close,
     two_turns,
 )
@@ -302,9 +303,15 @@ def claude_env(
 
 
 @real_cli(timeout=90)
-def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
+@pytest.mark.parametrize("tier", ["auto", "strict"])
+def test_two_turns_call_a_tool_and_keep_context(tier: str, model: ScriptedModelServer) -> None:
     calls = Calls()
-    first = two_turns(claude_env(model, calls), calls, model, "anthropic")
+    first = two_turns(
+        claude_env(model, calls, **tier_settings(tier, model, "ANTHROPIC_API_KEY")),
+        calls,
+        model,
+        "anthropic",
+    )
     kinds = [e["type"] for e in first.info["events"]]
     assert "tool_call" in kinds and "tool_result" in kinds and "llm_usage" in kinds
     assert first.last_request.headers["x-api-key"] == "test-key"

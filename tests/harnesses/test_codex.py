@@ -22,6 +22,7 @@ from support.cli import (
     killed_turn,
     real_cli,
     stalled_turn,
+    tier_settings,
     tree_after_close,
     two_turns,
 )
@@ -212,9 +213,15 @@ def codex_env(
 
 
 @real_cli(timeout=90)
-def test_two_turns_call_a_tool_and_keep_context(model: ScriptedModelServer) -> None:
+@pytest.mark.parametrize("tier", ["auto", "strict"])
+def test_two_turns_call_a_tool_and_keep_context(tier: str, model: ScriptedModelServer) -> None:
     calls = Calls()
-    first = two_turns(codex_env(model, calls), calls, model, "responses")
+    first = two_turns(
+        codex_env(model, calls, **tier_settings(tier, model, "OPENAI_API_KEY")),
+        calls,
+        model,
+        "responses",
+    )
     kinds = [e["type"] for e in first.info["events"]]
     assert "tool_result" in kinds and "llm_usage" in kinds
     assert first.last_request.headers["authorization"] == "Bearer test-key"

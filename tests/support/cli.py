@@ -135,6 +135,27 @@ def adding_model(
         yield srv
 
 
+def tier_settings(
+    tier: str, model: ScriptedModelServer, key_var: str | None = None
+) -> dict[str, Any]:
+    """The env settings that run a real CLI's turns under sandbox ``tier``: under
+    ``"strict"`` the harness's loopback holds only the env's endpoints, so it reaches
+    ``model`` through the env's capture proxy (``capture=True``, ``upstream=`` its origin),
+    which sends the key in ``key_var`` on."""
+    if tier == "strict":
+        from gym_harness.process import sandbox
+
+        if sandbox.report("strict")["missing"]:
+            pytest.skip(f"strict is not available here: {sandbox.report('strict')['missing']}")
+        return {
+            "sandbox": "strict",
+            "capture": True,
+            "upstream": model.base_url,
+            "upstream_api_key_env": key_var,
+        }
+    return {"sandbox": tier}
+
+
 def cli_env(harness: Harness | str, calls: Calls, **config: Any) -> HarnessEnv:
     """A HarnessEnv over ``harness`` with ``calls``' tools and the real-CLI timeouts."""
     config.setdefault("turn_timeout_s", 60)
