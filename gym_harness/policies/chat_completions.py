@@ -81,8 +81,9 @@ class ChatCompletionsPolicy:
     Example:
         >>> policy = ChatCompletionsPolicy(  # doctest: +SKIP
         ...     "http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B", return_token_ids=True)
-        >>> local_rollout("tasks.jsonl", env_id="gym_harness/ClaudeCode-v0",  # doctest: +SKIP
-        ...               env_kwargs={"mode": "model"}, policy=policy, out="out.jsonl")
+        >>> with open("out.jsonl", "w") as out:  # doctest: +SKIP
+        ...     local_rollout("gym_harness/ClaudeCode-v0", {"mode": "model"},
+        ...                   load_tasks("tasks.jsonl"), out=out, policy=policy)
     """
 
     def __init__(
