@@ -348,12 +348,13 @@ def _parser() -> argparse.ArgumentParser:
         "--policy-url",
         metavar="BASE_URL",
         help=f"with --policy {CHAT_COMPLETIONS}: the server's base URL, up to /v1 "
-        "(e.g. http://127.0.0.1:8000/v1)",
+        "(e.g. http://127.0.0.1:8000/v1; default: none, needed there)",
     )
     roll.add_argument(
         "--policy-model",
         metavar="NAME",
-        help=f"with --policy {CHAT_COMPLETIONS}: the model name the server serves",
+        help=f"with --policy {CHAT_COMPLETIONS}: the model name the server serves "
+        "(default: none, needed there)",
     )
     roll.add_argument(
         "--policy-key-env",
@@ -368,7 +369,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help=f"with --policy {CHAT_COMPLETIONS}: a request field (temperature=0.7, "
         "max_tokens=1024, return_token_ids=true, logprobs=true) or a policy setting "
-        "(timeout_s=120); VALUE is JSON or a bare word; repeatable",
+        "(timeout_s=120); VALUE is JSON or a bare word; repeatable (default: none, the "
+        "harness's temperature, top_p, stop and seed)",
     )
     roll.add_argument(
         "--max-steps",

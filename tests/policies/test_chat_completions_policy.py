@@ -28,6 +28,7 @@ from gym_harness import ChatCompletionsPolicy, ConfigError, PolicyError
 from gym_harness.outcome import Outcome
 from gym_harness.records.trajectory import RewardContext
 from gym_harness.rollout.episode import run_episode
+from gym_harness.rollout.groups import NOT_FORKED, run_task
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "what is 2+3?"
@@ -147,6 +148,32 @@ def test_a_failing_server_ends_the_episode_as_policy_error(
     assert why in turn["error"] and "/v1/chat/completions" in turn["error"], turn["error"]
     main = [c for c in record["calls"] if not c["side"]]
     assert main and all(c["completion"] is None for c in main)  # nothing was delivered
+
+
+def test_a_failing_server_before_the_fork_step_ends_the_prefix_unforked(
+    srv: ScriptedModelServer,
+) -> None:
+    srv.fail(503, {"error": {"message": "no replicas"}})
+    env = model_env("reference", Calls().tools(), prompt=PROMPT, reward_fn=scored)
+    try:
+        with ChatCompletionsPolicy(srv.openai_base_url, "m") as policy:
+            records = run_task(
+                env,
+                TASK,
+                env_id="reference",
+                seed=0,
+                index=0,
+                max_turns=1,
+                follow_up="",
+                group=2,
+                fork_at=1,
+                policy=policy,
+            )
+    finally:
+        env.close()
+    assert [r["outcome"] for r in records] == [Outcome.POLICY_ERROR, NOT_FORKED]
+    assert "answered HTTP 503: 'no replicas'" in records[0]["error"]
+    assert records[0]["reward"] == 0.5
 
 
 def test_the_key_goes_in_a_header_and_never_into_the_pickle(
