@@ -10,6 +10,7 @@ rollout goes on. The CLI's ``--policy chat-completions`` runs the same.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -24,9 +25,10 @@ from support.cli import Calls
 from support.envs import model_env
 from support.model_server import Raw, ScriptedModelServer, token_id
 
-from gym_harness import ChatCompletionsPolicy, ConfigError, PolicyError
+from gym_harness import ChatCompletionsPolicy, ConfigError, PolicyError, Task
 from gym_harness.outcome import Outcome
 from gym_harness.records.trajectory import RewardContext
+from gym_harness.rollout import local_rollout
 from gym_harness.rollout.episode import run_episode
 from gym_harness.rollout.groups import NOT_FORKED, run_task
 
@@ -107,6 +109,26 @@ def test_a_server_without_ids_gives_a_text_level_trace(srv: ScriptedModelServer)
     main = [c for c in record["calls"] if not c["side"]]
     assert [c["token_ids"] for c in main] == [None, None]
     assert [c["prompt_token_ids"] for c in main] == [None, None]
+
+
+def test_one_policy_serves_concurrent_episodes(srv: ScriptedModelServer) -> None:
+    out = io.StringIO()
+    tasks = [Task(id="a", prompt=PROMPT), Task(id="b", prompt=PROMPT)]
+    with ChatCompletionsPolicy(srv.openai_base_url, "m", max_connections=2) as policy:
+        written = local_rollout(
+            "gym_harness/Reference-v0",
+            {"mode": "model"},
+            tasks,
+            out=out,
+            n=2,
+            policy=policy,
+            concurrency=4,
+        )
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert written == len(records) == 4
+    assert {r["outcome"] for r in records} == {"done"}
+    assert {r["messages"][-1]["content"] for r in records} == {FINAL}
+    assert len(srv.requests(api="chat")) == 8  # two calls an episode, none lost or doubled
 
 
 def closed_port() -> int:
