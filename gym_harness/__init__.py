@@ -33,6 +33,7 @@ from gym_harness.errors import (
     HarnessCrashed,
     HarnessError,
     HarnessStartError,
+    PolicyError,
     ProtocolError,
     ToolConflictError,
     TurnTimeout,
@@ -43,6 +44,7 @@ from gym_harness.harnesses.line import CommandHarness, ReferenceHarness
 from gym_harness.harnesses.registry import HARNESSES, harness_class
 from gym_harness.lifecycle import Lifecycle, Liveness
 from gym_harness.outcome import Outcome
+from gym_harness.policies.chat_completions import ChatCompletionsPolicy
 from gym_harness.process.harness_process import HarnessProcess, ProcessUsage
 from gym_harness.readiness import start_ready
 from gym_harness.records.chat_format import (
@@ -94,6 +96,7 @@ __all__ = [
     "BridgeError",
     "CallbackError",
     "CaptureError",
+    "ChatCompletionsPolicy",
     "CommandHarness",
     "ConfigError",
     "DEFAULT_INHERIT_ENV",
@@ -120,6 +123,7 @@ __all__ = [
     "ModelExchange",
     "ModelProxy",
     "Outcome",
+    "PolicyError",
     "ProcessSpec",
     "ProcessUsage",
     "ProtocolError",

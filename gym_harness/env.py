@@ -329,7 +329,7 @@ class HarnessEnv(gymnasium.Env[str, str]):
         self.trajectory = inherited.record(self.trajectory, took)
         self._mode.rebase(self.trajectory)
 
-    def truncate(self) -> float:
+    def truncate(self, *, policy_error: str = "") -> float:
         """End the episode here, cut by a limit of the caller's, and score it as cut.
 
         For a step limit outside the env: gymnasium's ``TimeLimit``, a rollout's
@@ -338,6 +338,12 @@ class HarnessEnv(gymnasium.Env[str, str]):
         turn mode the last turn is scored again as truncated (its reward replaced).
         Either way ``reward_fn`` sees ``ctx.truncated`` and ``ctx.cause == "max_steps"``,
         and the harness is stopped. An episode that already ended is left as it is.
+
+        Args:
+            policy_error: Model mode: the policy could not answer the call it holds (a
+                :class:`~gym_harness.errors.PolicyError`'s message). The turn is then
+                recorded as ``policy_error`` with this message, and ``reward_fn`` sees
+                ``ctx.cause == "policy_error"``.
 
         Returns:
             The episode's reward (``trajectory.total_reward``).
@@ -355,8 +361,9 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """
         if self._state in (Lifecycle.NEW, Lifecycle.STOPPED):
             self._check_running("truncate()")
-        if self._state is Lifecycle.RUNNING and self._mode.truncate():
-            self._become(Lifecycle.ENDED, "truncate() ended the episode: max_steps")
+        if self._state is Lifecycle.RUNNING and self._mode.truncate(policy_error):
+            why = "policy_error" if policy_error else "max_steps"
+            self._become(Lifecycle.ENDED, f"truncate() ended the episode: {why}")
             self._stop_process()
         return self.trajectory.total_reward
 

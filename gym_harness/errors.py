@@ -16,6 +16,7 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── CallbackError          the user's on_event callback raised (the turn was kept)
     ├── ForkUnsupported        the harness (or this episode) has no way to fork; nothing started
     ├── ForkDiverged           a replayed fork's harness asked otherwise than the parent's had
+    ├── PolicyError            a model-mode policy could not answer (its model server failed)
     └── WorkerLost             a vector worker or Ray actor died (``index`` names the sub-env)
 
 Harness faults inside ``reset``/``step`` become outcomes (``info["error_type"]``),
@@ -38,6 +39,7 @@ __all__ = [
     "HarnessCrashed",
     "HarnessError",
     "HarnessStartError",
+    "PolicyError",
     "ProtocolError",
     "ToolConflictError",
     "TurnTimeout",
@@ -123,6 +125,17 @@ class EndpointError(HarnessError):
 
 class CallbackError(HarnessError):
     """The ``on_event`` callback raised; the turn it watched was finished and recorded."""
+
+
+class PolicyError(HarnessError):
+    """A model-mode policy could not answer a model call: its model server was unreachable,
+    failed, answered too late, or answered what is no completion.
+
+    A rollout (``run_episode``, ``local_rollout``, ``ray_rollout``, ``gym-harness rollout``)
+    ends that episode as ``policy_error`` (truncated, scored as cut) and goes on with the
+    next; a caller driving ``step()`` itself passes the message to
+    ``HarnessEnv.truncate(policy_error=...)``.
+    """
 
 
 class ForkUnsupported(HarnessError):

@@ -37,6 +37,7 @@ class Outcome(StrEnum):
     EPISODE_TIMEOUT = "episode_timeout"
     REWARD_TIMEOUT = "reward_timeout"
     POLICY_TIMEOUT = "policy_timeout"
+    POLICY_ERROR = "policy_error"
 
     @property
     def truncates(self) -> bool:
@@ -56,5 +57,6 @@ _TRUNCATING = frozenset(
         Outcome.EPISODE_TIMEOUT,
         Outcome.REWARD_TIMEOUT,
         Outcome.POLICY_TIMEOUT,
+        Outcome.POLICY_ERROR,
     }
 )

@@ -201,10 +201,11 @@ class Mode:
     def end(self, trajectory: Trajectory) -> None:
         """The harness is stopped: end what still waits, recorded in ``trajectory``."""
 
-    def truncate(self) -> bool:
+    def truncate(self, policy_error: str = "") -> bool:
         """A step limit outside the env cut the episode: record the turn under way (turn
         mode: the last turn, again) as truncated and score it; ``False`` when there is
-        nothing to cut. The env then stops the harness."""
+        nothing to cut. The env then stops the harness. ``policy_error`` (model mode):
+        the policy failed to answer, and the turn is recorded as ``policy_error``."""
         return False
 
     def held(self) -> HeldCall | None:

@@ -215,9 +215,10 @@ class ModelMode(Mode):
         ended = self.ended or TurnResult()  # a turn that ended before its first call
         return Opening(self.observation(), seen, str(ended.error_type), ended.error)
 
-    def truncate(self) -> bool:
+    def truncate(self, policy_error: str = "") -> bool:
         """The turn under way (its call held by the policy), recorded as truncated with
-        what the harness said so far, and scored; ``False`` when no call is held."""
+        what the harness said so far (as ``policy_error`` when the policy failed to answer
+        it), and scored; ``False`` when no call is held."""
         episode = self.started
         if self.pending is None or episode.runner is None:
             return False
@@ -225,7 +226,8 @@ class ModelMode(Mode):
         events = episode.runner.paused_events
         text = "".join(str(e.data.get("text") or "") for e in events if e.type is EventType.TEXT)
         started_at = turns[-1].started_at + turns[-1].elapsed_s if turns else time.time()
-        result = TurnResult(response=text, events=events)
+        fault = (Outcome.POLICY_ERROR, policy_error) if policy_error else (Outcome.OK, "")
+        result = TurnResult(response=text, events=events, error_type=fault[0], error=fault[1])
         self.recorder.record(episode, len(turns) + 1, self.message, result, started_at, 0.0, True)
         return True
 

@@ -43,9 +43,10 @@ class TurnMode(Mode):
         record = self.recorder.record(episode, turn, action, result, started_at, elapsed)
         return record.response, record
 
-    def truncate(self) -> bool:
+    def truncate(self, policy_error: str = "") -> bool:
         """The last turn, scored again as truncated (its reward replaced), if it ended
-        neither terminated nor truncated."""
+        neither terminated nor truncated (no policy answers turns: ``policy_error`` is
+        not used)."""
         turns = self.started.trajectory.turns
         if not turns or turns[-1].terminated or turns[-1].truncated:
             return False

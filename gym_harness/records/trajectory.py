@@ -75,8 +75,9 @@ class RewardContext:
         hidden_dir: The directory holding the task's ``hidden_files`` (outside the
             workspace; a confined harness cannot read it), or ``None``.
         cause: Why the episode was cut: the timeout's outcome (``"turn_timeout"``,
-            ``"idle_timeout"``, ``"episode_timeout"``, ``"policy_timeout"``) or
-            ``"max_steps"`` for a step limit; ``""`` when it was not cut.
+            ``"idle_timeout"``, ``"episode_timeout"``, ``"policy_timeout"``),
+            ``"policy_error"`` when the policy could not answer (its model server failed),
+            or ``"max_steps"`` for a step limit; ``""`` when it was not cut.
     """
 
     message: str

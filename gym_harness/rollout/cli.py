@@ -5,6 +5,8 @@
     gym-harness run --env ID --list-keywords   # every --set keyword, its type and default
     gym-harness rollout TASKS.jsonl --env ID -n 4 --out OUT.jsonl
     gym-harness rollout TASKS.jsonl --mode model --policy pkg.mod:fn --out OUT.jsonl
+    gym-harness rollout TASKS.jsonl --env gym_harness/ClaudeCode-v0 --mode model \
+        --policy chat-completions --policy-url http://127.0.0.1:8000/v1 --policy-model M
 
 ``run`` prints the episode as it happens (``gym_harness.rollout.console``). Modules in
 the current directory import (``--set tools=mytools:TOOLS``, ``--policy mypolicy:act``),
@@ -48,6 +50,7 @@ import gym_harness  # registers the env ids
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError, HarnessError
 from gym_harness.outcome import Outcome
+from gym_harness.policies.chat_completions import ChatCompletionsPolicy
 from gym_harness.records.chat_format import llm_exchanges
 from gym_harness.records.trajectory import Trajectory
 from gym_harness.rollout.console import Console, Progress
@@ -57,6 +60,7 @@ from gym_harness.rollout.episode import (
     DEFAULT_MAX_TURNS,
     DEFAULT_N,
     DEFAULT_SEED,
+    Policy,
     load_policy,
 )
 from gym_harness.rollout.groups import group_settings
@@ -68,6 +72,9 @@ from gym_harness.tasks import Task, load_tasks
 __all__ = ["main"]
 
 DEFAULT_ENV = "gym_harness/Reference-v0"
+#: ``--policy`` of the stock policy: each model call forwarded to an OpenAI-compatible
+#: server (``gym_harness.policies.ChatCompletionsPolicy``).
+CHAT_COMPLETIONS = "chat-completions"
 
 #: Exit statuses; see the module docstring.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STARTUP_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -333,8 +340,37 @@ def _parser() -> argparse.ArgumentParser:
     roll.add_argument(
         "--policy",
         metavar="PKG.MOD:FN",
-        help="with --mode model: FN(request dict) -> action str or dict, for each model call "
-        "(default: none; --mode model needs one)",
+        help="with --mode model: FN(request dict) -> action str or dict, for each model call; "
+        f"or {CHAT_COMPLETIONS}: forward each call to an OpenAI-compatible server (with "
+        "--policy-url and --policy-model) (default: none; --mode model needs one)",
+    )
+    roll.add_argument(
+        "--policy-url",
+        metavar="BASE_URL",
+        help=f"with --policy {CHAT_COMPLETIONS}: the server's base URL, up to /v1 "
+        "(e.g. http://127.0.0.1:8000/v1; default: none, needed there)",
+    )
+    roll.add_argument(
+        "--policy-model",
+        metavar="NAME",
+        help=f"with --policy {CHAT_COMPLETIONS}: the model name the server serves "
+        "(default: none, needed there)",
+    )
+    roll.add_argument(
+        "--policy-key-env",
+        metavar="VAR",
+        help=f"with --policy {CHAT_COMPLETIONS}: the variable holding the server's API key "
+        "(default: none, no key sent)",
+    )
+    roll.add_argument(
+        "--policy-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"with --policy {CHAT_COMPLETIONS}: a request field (temperature=0.7, "
+        "max_tokens=1024, return_token_ids=true, logprobs=true) or a policy setting "
+        "(timeout_s=120); VALUE is JSON or a bare word; repeatable (default: none, the "
+        "harness's temperature, top_p, stop and seed)",
     )
     roll.add_argument(
         "--max-steps",
@@ -360,20 +396,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
+def _env_kwargs(pairs: Sequence[str], option: str = "--set") -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ConfigError(
-                f"--set takes KEY=VALUE, got {pair!r}; for example --set model=sonnet or "
+                f"{option} takes KEY=VALUE, got {pair!r}; for example --set model=sonnet or "
                 """--set 'command=["python","agent.py"]'."""
             )
-        kwargs[key] = _set_value(key, raw)
+        kwargs[key] = _set_value(key, raw, option)
     return kwargs
 
 
-def _set_value(key: str, raw: str) -> Any:
+def _set_value(key: str, raw: str, option: str = "--set") -> Any:
     """``raw`` as JSON; a bare word that is no JSON (``sonnet``, a URL) is a string."""
     try:
         return json.loads(raw)
@@ -383,8 +419,8 @@ def _set_value(key: str, raw: str) -> Any:
         error = exc if isinstance(exc, json.JSONDecodeError) else None
         where = f" at column {error.colno} ({error.msg})" if error else ""
         raise ConfigError(
-            f"--set {key}: {raw!r} is not valid JSON{where}. Write JSON (double quotes) and "
-            f"quote the whole pair for the shell, e.g. --set {_shell_example(key, raw)}."
+            f"{option} {key}: {raw!r} is not valid JSON{where}. Write JSON (double quotes) and "
+            f"quote the whole pair for the shell, e.g. {option} {_shell_example(key, raw)}."
         ) from exc
 
 
@@ -502,7 +538,7 @@ def _rollout(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
         "address": args.ray or None,
         "num_workers": args.concurrency,
         **model,
-        **({"policy": args.policy} if args.policy else {}),
+        **({"policy": args.policy} if args.policy and args.policy != CHAT_COMPLETIONS else {}),
     }
     return _write_rollout(args, kwargs, tasks, max_turns, ray_rollout, remote)
 
@@ -638,11 +674,47 @@ def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[st
             raise ConfigError("--policy answers model calls: add --mode model")
         return {}
     if not args.policy:
-        raise ConfigError("--mode model needs --policy pkg.module:fn (request dict -> action)")
+        raise ConfigError(
+            "--mode model needs --policy pkg.module:fn (request dict -> action), or "
+            f"--policy {CHAT_COMPLETIONS} --policy-url URL --policy-model NAME"
+        )
     if args.max_steps < 1:
         raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
     kwargs["mode"] = "model"
-    return {"policy": load_policy(args.policy), "max_steps": args.max_steps}
+    return {"policy": _policy(args), "max_steps": args.max_steps}
+
+
+def _policy(args: argparse.Namespace) -> Policy:
+    """The rollout's policy: ``--policy``'s import string, or the chat-completions policy
+    that ``--policy-url``, ``--policy-model``, ``--policy-key-env`` and ``--policy-set``
+    configure."""
+    options = {
+        "--policy-url": args.policy_url,
+        "--policy-model": args.policy_model,
+        "--policy-key-env": args.policy_key_env,
+        "--policy-set": args.policy_set,
+    }
+    if args.policy != CHAT_COMPLETIONS:
+        given = [name for name, value in options.items() if value]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} configure --policy {CHAT_COMPLETIONS}, not --policy "
+                f"{args.policy}: drop them, or use --policy {CHAT_COMPLETIONS}"
+            )
+        return load_policy(args.policy)
+    missing = [name for name in ("--policy-url", "--policy-model") if not options[name]]
+    if missing:
+        raise ConfigError(
+            f"--policy {CHAT_COMPLETIONS} needs {' and '.join(missing)}, e.g. --policy-url "
+            "http://127.0.0.1:8000/v1 --policy-model Qwen/Qwen3-8B"
+        )
+    settings = _env_kwargs(args.policy_set, "--policy-set")
+    try:
+        return ChatCompletionsPolicy(
+            args.policy_url, args.policy_model, args.policy_key_env, **settings
+        )
+    except TypeError as exc:  # a setting given twice (e.g. model=...)
+        raise ConfigError(f"--policy-set: {exc}") from exc
 
 
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ from typing import Any, cast
 import gymnasium
 
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, PolicyError
 from gym_harness.utils.imports import import_attr
 
 __all__ = [
@@ -84,6 +84,9 @@ def run_episode(
     Raises:
         ConfigError: ``policy`` cannot be imported or is not callable.
         TypeError: ``policy`` returned neither a str nor a dict.
+
+    A policy that raises :class:`~gym_harness.errors.PolicyError` ends its episode as
+    ``policy_error`` (truncated, scored); any other exception propagates.
     """
     started = time.monotonic()
     prompt, _ = env.reset(seed=seed, options={"task": task})
@@ -136,9 +139,16 @@ def policy_action(policy: Policy, obs: str) -> str:
 
 def answer_calls(env: gymnasium.Env[str, str], obs: str, policy: Policy, max_steps: int) -> None:
     """Model mode: answer each model call with ``policy`` until the episode ends; after
-    ``max_steps`` the episode is cut and scored as truncated (``HarnessEnv.truncate``)."""
+    ``max_steps`` the episode is cut and scored as truncated (``HarnessEnv.truncate``).
+    A policy that raises :class:`PolicyError` (its model server failed) ends the episode
+    as ``policy_error``, truncated and scored, with the error's message."""
     for _ in range(max_steps):
-        obs, _, terminated, truncated, _ = env.step(policy_action(policy, obs))
+        try:
+            action = policy_action(policy, obs)
+        except PolicyError as exc:
+            HarnessEnv.of(env).truncate(policy_error=str(exc) or type(exc).__name__)
+            return
+        obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             return
     HarnessEnv.of(env).truncate()

@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium
 
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, PolicyError
 from gym_harness.rollout.episode import (
     DEFAULT_MAX_STEPS,
     Policy,
@@ -112,7 +112,11 @@ def run_group(
     obs, _ = env.reset(seed=seed, options={"task": task})
     message = obs
     for step in range(fork_at):
-        action = message if answer is None else policy_action(answer, obs)
+        try:
+            action = message if answer is None else policy_action(answer, obs)
+        except PolicyError as exc:  # the prefix ends as policy_error; nothing to fork
+            parent.truncate(policy_error=str(exc) or type(exc).__name__)
+            return _ended(parent, step, env_id, seed, index, group, fork_at, started)
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             return _ended(parent, step + 1, env_id, seed, index, group, fork_at, started)

@@ -39,7 +39,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("modes",),
     ("fork",),
     ("env", "spaces"),
-    ("vector", "rollout", "training", "registration", "openenv", "", "__main__"),
+    ("vector", "rollout", "training", "registration", "openenv", "policies", "", "__main__"),
 )
 #: A module longer than this is named in its part's docstring with why it is one job.
 LONG_MODULE = 600

@@ -94,3 +94,30 @@ def test_a_module_without_the_api_used_is_not_the_package(
         assert import_optional(ABSENT, extra="demo", what="x", needs=("VERSION",)).VERSION == 1
     finally:
         sys.modules.pop(ABSENT, None)
+
+
+#: What ``import gym_harness`` must not load: the trainers and engines of the extras, and
+#: the HTTP client the chat-completions policy makes on first use.
+HEAVY = ("verl", "torch", "trl", "transformers", "ray", "bfcl_eval", "openenv", "vllm", "httpx2")
+#: The package and the parts a user imports before any trainer or engine runs.
+LIGHT_IMPORTS = """
+import json, sys
+import gym_harness, gym_harness.policies, gym_harness.rollout, gym_harness.rollout.cli
+import gym_harness.training
+policy = gym_harness.ChatCompletionsPolicy("http://127.0.0.1:9/v1", "m", temperature=0.5)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[1:])))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_import_gym_harness_loads_no_trainer_engine_or_http_client() -> None:
+    env = {**os.environ, "PYTHONPATH": str(WORKTREE)}
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_IMPORTS, *HEAVY],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

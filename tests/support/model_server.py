@@ -59,9 +59,11 @@ __all__ = [
     "SRV_OPTIONS",
     "ScriptedModelServer",
     "Stall",
+    "pieces",
     "read_body",
     "srv",
     "srv_options",
+    "token_id",
 ]
 
 _GEMINI_PATH = re.compile(r"/models/([^/:]+):(streamGenerateContent|generateContent|countTokens)$")
@@ -675,6 +677,11 @@ def _logprob(piece: str, top: int) -> dict[str, Any]:
     entry = {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
     alts = [{"token": f"{piece}~{k}", "logprob": lp - k - 1, "bytes": []} for k in range(top)]
     return {**entry, "top_logprobs": alts}
+
+
+def pieces(text: str) -> list[str]:
+    """The pieces the server splits a text answer into: one token id (and logprob) each."""
+    return _pieces(text)
 
 
 def token_id(piece: str) -> int:
