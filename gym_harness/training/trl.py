@@ -157,16 +157,22 @@ class HarnessRolloutFunc:
         if kept is not None:
             kept.close()
 
+    def _close_for(self, trainer: Any) -> None:
+        """End the kept group if it is ``trainer``'s (its ``train()`` ended)."""
+        if self._trainer is trainer:
+            self.close()
+
     def _group_for(self, trainer: Any) -> GroupRollout:
         """The group that runs ``trainer``'s rollouts: kept while it trains, else new."""
         if self._kept is not None and self._trainer is trainer:
             return self._kept
-        state = getattr(trainer, "state", None)
-        keep = self._trainer is trainer or _close_at_train_end(trainer, self.close)
+        keep = self._trainer is trainer or _close_at_train_end(
+            trainer, lambda: self._close_for(trainer)
+        )
         group = self._group(
             _tokenizer(trainer),
             self._make_sampler(trainer),
-            lambda: int(getattr(state, "global_step", 0) or 0),
+            lambda: int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0),
             keep_envs=keep,
         )
         if keep:
