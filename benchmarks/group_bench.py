@@ -7,9 +7,19 @@ mode for one episode (concurrency 1) and for a group of ``--group`` episodes (co
 ``--group``), each episode two model calls (the ``add`` tool, then an answer), the two
 alternating in rounds. The policy is a fixed completion, so the figure is the rollout's
 own cost (harness start, tool calls, token chains, traces), not a model's. The goal: the
-group's wall time at most 1.5x one episode's. CPU time per episode (user + sys of this
-process and every process it started and reaped: workers, keepers, harnesses) is beside
-the wall medians.
+group's wall time at most 1.5x one episode's.
+
+Two ways, interleaved in each round:
+
+* ``cold``: a new ``GroupRollout`` per run: the run makes its vector env (one worker,
+  keeper, MCP bridge and model endpoint per sub-env) and closes it.
+* ``kept``: one ``GroupRollout(keep_envs=True)`` per size, run again and again (what
+  ``rollout_func`` does for a trainer between its steps): a run starts only the
+  episodes' harnesses and workspaces.
+
+CPU time per episode is beside the wall medians: user + sys of this process, of every
+process it started and reaped, and of the live processes below it (kept workers,
+keepers and what they reaped), read before and after each run.
 
     python benchmarks/group_bench.py [--rounds 3] [--group 8] [--json]
 
@@ -19,6 +29,7 @@ Needs the ``train`` extra's tokenizers and transformers (the tiny tokenizer).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import sys
@@ -28,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import psutil
 from _common import Row, format_table, median, write_json
 
 from gym_harness import RewardContext
@@ -53,22 +65,34 @@ def tool_first(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _cpu() -> float:
+    """CPU seconds of this process and of every process below it, live or reaped."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    total = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended meanwhile: its parent reaps it
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
-def measure(tokenizer: Any, episodes: int, off: list[str]) -> tuple[float, float]:
-    """Wall seconds of one ``run`` of ``episodes`` concurrent episodes, and CPU s per episode;
-    the outcomes of episodes that did not run as scripted go to ``off``."""
+def group_of(tokenizer: Any, episodes: int, *, keep_envs: bool = False) -> GroupRollout:
+    """A ``GroupRollout`` of ``episodes`` concurrent episodes under the fixed policy."""
     ids = [*tokenizer.encode("ok"), tokenizer.eos_token_id]
-    group = GroupRollout(
+    return GroupRollout(
         {"harness": "reference", "tools": [add], "reward_fn": reward},
         tokenizer=tokenizer,
         sampler=lambda prompts: [(ids, [-0.5] * len(ids)) for _ in prompts],
         action=tool_first,
         concurrency=episodes,
+        keep_envs=keep_envs,
     )
+
+
+def measure(group: GroupRollout, off: list[str]) -> tuple[float, float]:
+    """Wall seconds of one ``run`` of ``group.concurrency`` concurrent episodes, and CPU s
+    per episode; the outcomes of episodes that did not run as scripted go to ``off``."""
+    episodes = group.concurrency
     cpu, start = _cpu(), time.perf_counter()
     rows = group.run([TASK] * episodes)
     wall = time.perf_counter() - start
@@ -84,37 +108,42 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tokenizer = tiny_tokenizer()
     off: list[str] = []
-    measure(tokenizer, 1, [])  # warm: imports, the first harness start
-    samples: dict[str, list[tuple[float, float]]] = {"one": [], "group": []}
-    for _ in range(args.rounds):
-        samples["one"].append(measure(tokenizer, 1, off))
-        samples["group"].append(measure(tokenizer, args.group, off))
-    one = median(w for w, _ in samples["one"])
-    group = median(w for w, _ in samples["group"])
-    ratio = group / one
-    rows = [
-        Row(
-            f"group of {args.group}, wall",
-            group,
-            one,
-            "s",
-            "one episode",
-            "<= 1.5x",
-            ratio,
-            ratio <= 1.5,
-            f"rounds={args.rounds}, episodes off script: {len(off)} {sorted(set(off))}",
-        ),
-        Row("one episode, CPU", median(c for _, c in samples["one"]), 0.0, "s/episode"),
-        Row(
-            f"group of {args.group}, CPU",
-            median(c for _, c in samples["group"]),
-            0.0,
-            "s/episode",
-        ),
-    ]
+    measure(group_of(tokenizer, 1), [])  # warm: imports, the first harness start
+    samples: dict[str, list[tuple[float, float]]] = {
+        "cold one": [],
+        "cold group": [],
+        "kept one": [],
+        "kept group": [],
+    }
+    with (
+        group_of(tokenizer, 1, keep_envs=True) as kept_one,
+        group_of(tokenizer, args.group, keep_envs=True) as kept_group,
+    ):
+        measure(kept_one, [])  # their vector envs start here, outside the rounds
+        measure(kept_group, [])
+        for _ in range(args.rounds):
+            samples["cold one"].append(measure(group_of(tokenizer, 1), off))
+            samples["cold group"].append(measure(group_of(tokenizer, args.group), off))
+            samples["kept one"].append(measure(kept_one, off))
+            samples["kept group"].append(measure(kept_group, off))
+    rows: list[Row] = []
+    note = f"rounds={args.rounds}, episodes off script: {len(off)} {sorted(set(off))}"
+    for way in ("cold", "kept"):
+        one = median(w for w, _ in samples[f"{way} one"])
+        group = median(w for w, _ in samples[f"{way} group"])
+        ratio = group / one
+        rows += [
+            Row(f"{way}: group of {args.group}, wall", group, one, "s", "one episode",
+                "<= 1.5x", ratio, ratio <= 1.5, note),
+            Row(f"{way}: one episode, CPU", median(c for _, c in samples[f"{way} one"]),
+                0.0, "s/episode"),
+            Row(f"{way}: group of {args.group}, CPU",
+                median(c for _, c in samples[f"{way} group"]), 0.0, "s/episode"),
+        ]  # fmt: skip
     print(format_table(rows, "GroupRollout on Reference-v0, model mode, 2 calls per episode"))
-    per_round = [g / o for (o, _), (g, _) in zip(samples["one"], samples["group"], strict=True)]
-    print("per-round ratios:", " ".join(f"{r:.2f}x" for r in per_round))
+    for way in ("cold", "kept"):
+        pairs = zip(samples[f"{way} one"], samples[f"{way} group"], strict=True)
+        print(f"{way} per-round ratios:", " ".join(f"{g / o:.2f}x" for (o, _), (g, _) in pairs))
     if args.json:
         payload = {"rows": [r.to_dict() for r in rows], "samples": samples}
         print("wrote", write_json("group_bench.json", json.loads(json.dumps(payload))))

@@ -183,7 +183,9 @@ class ReferenceHarness(CommandHarness):
 
     def default_config(self) -> HarnessConfig:
         # By path, not -m: -m would import gym_harness (gymnasium, numpy), ~0.25 s a reset.
-        command = [sys.executable, str(_REFERENCE_AGENT), "--policy", self.policy]
+        # -S: the agent needs the standard library alone, and ``site`` runs every .pth of
+        # the environment's site-packages (editable-install finders, certifi ...) at start.
+        command = [sys.executable, "-S", str(_REFERENCE_AGENT), "--policy", self.policy]
         inherit = tuple(DEFAULT_INHERIT_ENV)
         if self.policy == "openai":
             command += ["--api-key-env", self.api_key_env]

@@ -21,6 +21,13 @@ never started, or ended before its first model call, gives a row with one masked
 ``reward=None`` (started: its reward) and ``error`` saying why: a recorded failure, not
 an exception.
 
+**Workers kept between batches.** With ``keep_envs=True`` the vector env outlives a
+``run``: its workers, each sub-env's keeper, MCP bridge and model endpoint stay up, and
+the next batch only starts a fresh harness and workspace per episode (what ``reset()``
+does). A trainer's rollout calls one batch per step, on the same env settings, so that
+start-up is paid once per training run instead of once per step; ``close()`` (or the
+``with`` block's end) ends them all.
+
 **Limits and rewards.** An episode still running after ``max_turns`` model calls is cut
 with ``HarnessEnv.truncate()``: ``reward_fn`` scores it with ``ctx.truncated``. The row's
 reward is the episode's total (``trajectory.total_reward``), read when the wave ends.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -129,10 +137,18 @@ class GroupRollout:
         end_of_turn_ids: Ids that end an assistant turn besides the tokenizer's eos.
         chat_template_kwargs: Passed to the chat template.
         context: The vector env's multiprocessing start method.
+        keep_envs: Keep the vector env (workers, keepers, bridges) between ``run`` calls,
+            until ``close()``; ``False``: each ``run`` makes its own and closes it.
         **env_kwargs: More ``HarnessEnv`` keywords (``mode="model"`` is set).
 
     Raises:
         ConfigError: Bad settings (a concurrency below 1, a mode other than model).
+
+    Example:
+        >>> with GroupRollout("gym_harness/Reference-v0", tokenizer=tokenizer,
+        ...                   sampler=sampler, keep_envs=True) as group:  # doctest: +SKIP
+        ...     for batch in batches:
+        ...         rows = group.run(batch)
     """
 
     def __init__(
@@ -148,6 +164,7 @@ class GroupRollout:
         end_of_turn_ids: Sequence[int] = (),
         chat_template_kwargs: Mapping[str, Any] | None = None,
         context: str | None = None,
+        keep_envs: bool = False,
         **env_kwargs: Any,
     ) -> None:
         if concurrency < 1:
@@ -164,27 +181,61 @@ class GroupRollout:
         self.end_of_turn_ids = tuple(end_of_turn_ids)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.context = context
+        self.keep_envs = keep_envs
+        self._envs: Any = None  # the kept vector env, between runs
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def __enter__(self) -> GroupRollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the kept vector env: every worker, harness and workspace. Idempotent."""
+        envs, self._envs = self._envs, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if envs is not None:
+            envs.close()
 
     def run(self, tasks: Sequence[Mapping[str, Any]]) -> list[EpisodeRow]:
         """One episode per task (a task dict: ``prompt``, ``id``, ...); rows in task order.
 
-        The vector env lives for this call only: every harness, worker and workspace is
-        gone when it returns (or raises).
+        Without ``keep_envs`` the vector env lives for this call only: every harness,
+        worker and workspace is gone when it returns (or raises). With it, the env stays
+        for the next call (one with more tasks than it has sub-envs, up to
+        ``concurrency``, gets a larger one); if this call raises, it is closed.
         """
         if not tasks:
             return []
         episodes = [_Episode(task, self._chain()) for task in tasks]
-        envs = make_vector_env(
-            min(self.concurrency, len(tasks)), context=self.context, **self.env_kwargs
-        )
+        envs = self._vector_env(min(self.concurrency, len(tasks)))
+        done = False
         try:
             for start in range(0, len(episodes), envs.num_envs):
                 wave = episodes[start : start + envs.num_envs]
                 self._wave(envs, wave)
                 self._finish(envs, wave)
+            done = True
         finally:
-            envs.close()
+            if not (done and self.keep_envs):
+                self.close()
         return [self._row(episode) for episode in episodes]
+
+    def _vector_env(self, size: int) -> Any:
+        """The kept vector env if it has at least ``size`` sub-envs, else a new one.
+
+        A kept env's sub-envs have all been reset by an earlier run (its first wave filled
+        them), so a wave that uses only some of them still reads every sub-env's state.
+        """
+        if self._envs is not None and self._envs.num_envs >= size:
+            return self._envs
+        self.close()
+        self._envs = make_vector_env(size, context=self.context, **self.env_kwargs)
+        self._finalizer = weakref.finalize(self, self._envs.close)
+        return self._envs
 
     # ------------------------------------------------------------------ a wave
 

@@ -17,11 +17,17 @@ already repeated ``num_generations`` times by TRL's sampler; each entry is one e
   ``rollout_breaks``, ``policy_versions``: what happened, for reward functions and logs.
 
 The episodes of a call run concurrently (``concurrency`` at once, each with its own
-harness, through the vector env's ``send``/``recv``); the policy that answers their
-model calls is the trainer's model: TRL's vLLM engine when ``use_vllm=True`` (weights
-synced by TRL before each rollout), else ``generate`` with the trainer's model on its
-device (the CPU path). Log-probabilities are ``log_softmax(logits / temperature)`` of the
-sampled ids, the quantity TRL recomputes for the loss.
+harness, through the vector env's ``send``/``recv``). Called by a trainer (an object with
+``add_callback``, as every ``transformers.Trainer``), the vector env's workers, keepers and
+bridges stay up from one call to the next and end when ``train()`` does (a callback's
+``on_train_end``; ``close()`` ends them earlier); each call then starts only the episodes'
+harnesses. Called with anything else, each call makes its vector env and closes it.
+
+The policy that answers the episodes' model calls is the trainer's model: TRL's vLLM
+engine when ``use_vllm=True`` (weights synced by TRL before each rollout), else
+``generate`` with the trainer's model on its device (the CPU path). Log-probabilities
+are ``log_softmax(logits / temperature)`` of the sampled ids, the quantity TRL
+recomputes for the loss.
 
 Importing this module imports no torch or trl; the callable imports them when it runs.
 """
@@ -95,7 +101,8 @@ class HarnessRolloutFunc:
     """TRL's ``rollout_func(prompts, trainer)`` (built by :func:`rollout_func`).
 
     ``last_rows`` holds the :class:`~gym_harness.training.groups.EpisodeRow`s of the last
-    call, in prompt order.
+    call, in prompt order. The vector env kept for a trainer ends at the end of its
+    ``train()``, at ``close()``, or when the interpreter exits.
     """
 
     def __init__(
@@ -122,16 +129,12 @@ class HarnessRolloutFunc:
         # Checks the settings now: a bad one fails at construction, not at the first step.
         self._group(_NoTokenizer(), _no_sampler, lambda: 0)
         self.last_rows: list[EpisodeRow] = []
+        self._kept: GroupRollout | None = None  # the group of the trainer below
+        self._trainer: Any = None  # the trainer whose train() end closes the kept group
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """One episode per prompt entry; the rows TRL takes (see the module docstring)."""
-        tokenizer = _tokenizer(trainer)
-        state = getattr(trainer, "state", None)
-        group = self._group(
-            tokenizer,
-            self._make_sampler(trainer),
-            lambda: int(getattr(state, "global_step", 0) or 0),
-        )
+        group = self._group_for(trainer)
         rows = group.run([task_of(prompt) for prompt in prompts])
         self.last_rows = rows
         return {
@@ -148,8 +151,41 @@ class HarnessRolloutFunc:
             "policy_versions": [row.policy_versions for row in rows],
         }
 
+    def close(self) -> None:
+        """End the vector env kept between calls (workers, harnesses). Idempotent."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
+
+    def _close_for(self, trainer: Any) -> None:
+        """End the kept group if it is ``trainer``'s (its ``train()`` ended)."""
+        if self._trainer is trainer:
+            self.close()
+
+    def _group_for(self, trainer: Any) -> GroupRollout:
+        """The group that runs ``trainer``'s rollouts: kept while it trains, else new."""
+        if self._kept is not None and self._trainer is trainer:
+            return self._kept
+        keep = self._trainer is trainer or _close_at_train_end(
+            trainer, lambda: self._close_for(trainer)
+        )
+        group = self._group(
+            _tokenizer(trainer),
+            self._make_sampler(trainer),
+            lambda: int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0),
+            keep_envs=keep,
+        )
+        if keep:
+            self.close()  # another trainer's
+            self._kept, self._trainer = group, trainer
+        return group
+
     def _group(
-        self, tokenizer: Any, sampler: Sampler, policy_version: Callable[[], int]
+        self,
+        tokenizer: Any,
+        sampler: Sampler,
+        policy_version: Callable[[], int],
+        keep_envs: bool = False,
     ) -> GroupRollout:
         env_id_or_config, env_kwargs = self._env
         return GroupRollout(
@@ -157,9 +193,28 @@ class HarnessRolloutFunc:
             tokenizer=tokenizer,
             sampler=sampler,
             policy_version=policy_version,
+            keep_envs=keep_envs,
             **self._options,
             **env_kwargs,
         )
+
+
+def _close_at_train_end(trainer: Any, close: Callable[[], None]) -> bool:
+    """Have ``trainer`` call ``close`` when its ``train()`` ends; False if it takes no
+    callbacks (then nothing is kept between calls)."""
+    add_callback = getattr(trainer, "add_callback", None)
+    if add_callback is None:
+        return False
+    from transformers import TrainerCallback
+
+    class CloseAtTrainEnd(TrainerCallback):
+        """Ends the rollout function's kept workers and harnesses with the training run."""
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            close()
+
+    add_callback(CloseAtTrainEnd())
+    return True
 
 
 def env_reward(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 pytest.importorskip(
@@ -65,6 +66,7 @@ class RecordingTrainer(GRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[dict[str, Any]] = []
+        self.workers: list[set[int]] = []  # this process's children after each rollout
 
     def compute_loss(
         self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
@@ -103,6 +105,7 @@ def train(
 
     def recording(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         out = func(prompts, trainer)
+        trainer.workers.append({p.pid for p in psutil.Process().children()})
         outputs.append(out)
         rows.append(list(func.last_rows))
         return out
@@ -158,6 +161,9 @@ def test_grpo_trains_two_steps_scoring_every_sampled_token_in_its_context(
 ) -> None:
     trainer, outputs, rows, (rewards, tokenizer) = train(tmp_path, monkeypatch, steps=2)
     assert trainer.state.global_step == 2
+    # The rollout function's workers serve both steps and end with train().
+    assert len(trainer.workers[0]) == 2 and trainer.workers[0] == trainer.workers[1]
+    assert not psutil.Process().children()
     assert len(outputs) == len(trainer.seen) == 2  # one rollout per step, one loss each
     for step, (out, step_rows, batch, got) in enumerate(
         zip(outputs, rows, trainer.seen, rewards, strict=True)
