@@ -141,6 +141,9 @@ class _Libc:
         self.restrict_self.argtypes = (word, word, word)
         self.prctl, self.capget, self.capset = libc.prctl, libc.capget, libc.capset
         self.prctl.argtypes = (ctypes.c_int, word, word, word, word)
+        # For apply()'s loop over the bounding set: small ints (a capability, zeros) go
+        # without argtypes, which a call converts at about a third of the cost.
+        self.prctl_ints = libc["prctl"]
         self.capget.argtypes = self.capset.argtypes = (word, word)
         self.unshare = libc.unshare
         self.mount = libc.mount
@@ -150,6 +153,14 @@ class _Libc:
     def syscall(self, name: str, nr: int, *args: object) -> int:
         wrapped = [self.ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)]
         return self.check(name, self._syscall(*wrapped))
+
+    def add_rule(self, name: str, ruleset: int, fd: int, access: int) -> None:
+        """Grant ``access`` beneath the file of ``fd`` in ``ruleset`` (a path rule)."""
+        rule = self.struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
+        c_long = self.ctypes.c_long
+        result = self._syscall(c_long(_SYS_ADD_RULE), c_long(ruleset), c_long(_RULE_PATH_BENEATH),
+                               rule, c_long(0))  # fmt: skip
+        self.check(f"landlock_add_rule({name!r})", result)
 
     def check(self, name: str, result: int) -> int:
         if result < 0:
@@ -278,22 +289,20 @@ class Prepared:
         view: dict[str, object] | None = None,
         handled_fs: int = 0,
     ) -> None:
-        ctypes = libc.ctypes
         self._libc = libc
         self.ruleset_fd, self.drop_caps, self.closed = ruleset_fd, drop_caps, False
         self.view, self._handled_fs = view, handled_fs
         self.seccomp = program is not None
-        # What apply() points the kernel at, allocated here: capget's header and data,
-        # zeros for capset, and struct sock_fprog (a count, then, aligned, a pointer).
-        header, data = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)()
-        self._buffers: list[object] = [header, data, (ctypes.c_uint32 * 6)()]
-        self._caps = tuple(ctypes.addressof(b) for b in self._buffers)
-        self._filter = 0
-        if program is not None:
-            code = ctypes.create_string_buffer(program, len(program))
-            fprog = libc.struct.pack("HP", len(program) // 8, ctypes.addressof(code))
-            self._buffers += [code, ctypes.create_string_buffer(fprog, len(fprog))]
-            self._filter = ctypes.addressof(self._buffers[-1])
+        # What apply() points the kernel at, made once per process: capget's header and
+        # data, zeros for capset (each child writes only its own copy), and the program.
+        self._caps, self._filter = _kernel_buffers(libc, program)
+        # What the view makes of its own, granted in the child once it is made: its
+        # /dev (the granted devices, its own terminals beneath /dev/pts, nothing to
+        # create) and its /dev/shm (every file right).
+        self._view_rules = (
+            ("/dev", (_FS_READ | _FS_DEVICE) & handled_fs),
+            ("/dev/shm", handled_fs & ~_FS_IOCTL_DEV),
+        )
 
     def close(self) -> None:
         """Close the ruleset fd in this process (idempotent, never raises)."""
@@ -303,6 +312,26 @@ class Prepared:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _kernel_buffers(libc: _Libc, program: bytes | None) -> tuple[tuple[int, int, int], int]:
+    """Addresses of capget's header and data and capset's zeros, and of a struct
+    sock_fprog for ``program`` (0 for none); allocated once per process, kept in the cache."""
+    ctypes = libc.ctypes
+    caps = _cache.get("caps")
+    if caps is None:
+        header, data = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+        buffers = (header, data, (ctypes.c_uint32 * 6)())
+        caps = _cache["caps"] = (buffers, tuple(ctypes.addressof(b) for b in buffers))
+    if program is None:
+        return caps[1], 0  # type: ignore[index]
+    fprog = _cache.get("fprog")
+    if fprog is None or fprog[0] != program:  # type: ignore[index]
+        # struct sock_fprog: a count, then, aligned, a pointer to the code.
+        code = ctypes.create_string_buffer(program, len(program))
+        packed = libc.struct.pack("HP", len(program) // 8, ctypes.addressof(code))
+        fprog = _cache["fprog"] = (program, code, ctypes.create_string_buffer(packed))
+    return caps[1], ctypes.addressof(fprog[2])  # type: ignore[index]
 
 
 def prepare(policy: dict[str, object]) -> Prepared:
@@ -413,21 +442,18 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= _FS_FILE  # directory rights on a file are EINVAL
-        rule = libc.struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
-        kind = _RULE_PATH_BENEATH
-        libc.syscall(f"landlock_add_rule({path!r})", _SYS_ADD_RULE, ruleset, kind, rule, 0)
+        libc.add_rule(path, ruleset, fd, access)
     finally:
         os.close(fd)
 
 
 def _add_view_rules(prepared: Prepared) -> None:
-    """Grant what the view made of its own (in the child, before the ruleset applies):
-    read its ``/dev``, use its terminals, and every file right in its ``/dev/shm``."""
+    """Grant what the view made of its own (in the child, before the ruleset applies)."""
     if prepared.ruleset_fd >= 0 and prepared._handled_fs:
-        libc, handled, ruleset = prepared._libc, prepared._handled_fs, prepared.ruleset_fd
-        _add_path(libc, ruleset, "/dev", _FS_READ & handled)  # all of it is ours
-        _add_path(libc, ruleset, "/dev/pts", _FS_DEVICE & handled)
-        _add_path(libc, ruleset, "/dev/shm", handled & ~_FS_IOCTL_DEV)
+        libc, ruleset = prepared._libc, prepared.ruleset_fd
+        for path, access in prepared._view_rules:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # closed by the exec
+            libc.add_rule(path, ruleset, fd, access)
 
 
 def apply(prepared: Prepared) -> None:
@@ -465,7 +491,7 @@ def _drop_caps(libc: _Libc, header: int, data: int, zeros: int) -> None:
     effective = libc.ctypes.c_uint32.from_address(data).value
     if effective & 1 << _CAP_SETPCAP:  # dropping the bounding set needs it
         cap = 0  # no /proc read: EINVAL marks the kernel's last capability
-        while libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        while libc.prctl_ints(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
             cap += 1
         if cap == 0 or libc.ctypes.get_errno() != _EINVAL:
             libc.check(f"PR_CAPBSET_DROP({cap})", -1)

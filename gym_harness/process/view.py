@@ -30,6 +30,7 @@ _PR_SET_DUMPABLE = 4
 # mount(2) flags.
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_O_DIR_PATH = os.O_PATH | os.O_CLOEXEC
 #: Where the child builds its view (any directory: a tmpfs covers it in its own namespace).
 _STAGE = "/tmp"
 #: Links a view's ``/dev`` always holds (what ``/dev`` has on every Linux).
@@ -37,6 +38,8 @@ _DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
               ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"),
               ("/dev/ptmx", "pts/ptmx"))  # fmt: skip
 _MAX_LINKS = 40  # links followed while mirroring one path (the kernel's own bound)
+#: Plans kept for their writable paths (one keeper serves one env: a few episodes' worth).
+_PLANS_KEPT = 8
 
 
 def check(libc: Any) -> None:
@@ -92,10 +95,34 @@ def plan(
 
     What the read-only paths and the devices make is found once per set of them (kept in
     ``cache``: they are the same for every episode); the writable paths (an episode's own)
-    are added each time.
+    are added once per set of them, for as long as each is still a directory (the last
+    :data:`_PLANS_KEPT` sets are kept: an episode's turns spawn with the same ones).
     """
     read: tuple[str, ...] = tuple(policy.get("read") or ())  # type: ignore[arg-type]
     granted: tuple[str, ...] = tuple(policy.get("devices") or ())  # type: ignore[arg-type]
+    write: tuple[str, ...] = tuple(policy.get("write") or ())  # type: ignore[arg-type]
+    plans = cache.setdefault("view:plans", {})
+    assert isinstance(plans, dict)
+    whole = (read, granted, write, policy.get("shm_mb"))
+    made = plans.get(whole)
+    if made is not None and all(os.path.isdir(path) for path in write):
+        return made
+    made = _plan(policy, devices, cache, read, granted, write)
+    if all(os.path.isdir(path) for path in write):
+        while len(plans) >= _PLANS_KEPT:
+            del plans[next(iter(plans))]  # the oldest
+        plans[whole] = made
+    return made
+
+
+def _plan(
+    policy: dict[str, object],
+    devices: Sequence[str],
+    cache: dict[str, object],
+    read: tuple[str, ...],
+    granted: tuple[str, ...],
+    write: tuple[str, ...],
+) -> dict[str, object]:
     key = f"view:{read!r}:{granted!r}"
     cached = cache.get(key)
     if not isinstance(cached, tuple):
@@ -110,7 +137,7 @@ def plan(
                 nodes.append((device, found.st_rdev))
         cached = cache[key] = (roots, links, nodes, _shared_mounts())
     roots, links, nodes, shared = cached
-    roots, links = _roots(roots, policy.get("write") or (), dict(links))  # type: ignore[arg-type]
+    roots, links = _roots(roots, write, dict(links))
     dirs: list[str] = ["/dev", "/dev/pts", "/dev/shm"]
     for path in [*roots, *(os.path.dirname(p) for p in [*links, *(d for d, _ in nodes)])]:
         _add_dirs(path, dirs, last=path in roots)
@@ -191,10 +218,13 @@ def enter(libc: Any, plan: dict[str, Any], add_rules: Callable[[], None]) -> Non
     """
     cwd = os.getcwd()
     enter_namespace(libc, bool(plan["shared"]))
-    opened = []
+    # The directories to bind, opened in the new namespace (a descriptor opened before
+    # the unshare names a mount of the old one, which the kernel does not bind here) and
+    # before the tmpfs covers the stage; close-on-exec: the exec closes them.
+    binds = []
     for source, target in plan["binds"]:
         try:
-            opened.append((os.open(source, os.O_PATH | os.O_CLOEXEC), target))
+            binds.append((b"/proc/self/fd/%d" % os.open(source, _O_DIR_PATH), target))
         except OSError:
             continue  # gone since the plan: nothing to show
     stage, flags = _STAGE.encode(), _MS_NOSUID
@@ -202,9 +232,8 @@ def enter(libc: Any, plan: dict[str, Any], add_rules: Callable[[], None]) -> Non
     check("mounting the view", mount(b"gym_harness", stage, b"tmpfs", flags, b"mode=0755"))
     for path in plan["dirs"]:
         os.mkdir(path, 0o755)
-    for fd, target in opened:
-        bound = mount(b"/proc/self/fd/%d" % fd, target, None, _MS_BIND | _MS_REC, None)
-        os.close(fd)
+    for source, target in binds:
+        bound = mount(source, target, None, _MS_BIND | _MS_REC, None)
         check(f"binding {target.decode()} into the view", bound)
     root = os.geteuid() == 0
     for target, rdev in plan["devices"]:

@@ -168,6 +168,9 @@ def test_dev_holds_the_granted_devices_by_name(confined: gymnasium.Env[str, str]
     ok, names = attempt(confined, "list_dev")
     assert ok and set(names.split()) == VIEW_DEV
     assert attempt(confined, "read", "/dev/urandom")[0]
+    assert attempt(confined, "write", "/dev/null") == (True, "written")
+    ok, detail = attempt(confined, "write", "/dev/planted")  # nothing made in its /dev
+    assert not ok and "PermissionError" in detail
     assert attempt(confined, "posix_shm") == (True, "shared")  # a /dev/shm of its own
 
 
