@@ -124,6 +124,9 @@ _WANTED = {
     "size": "a positive int (MiB)",
 }
 _NETNS_WAIT_S = 5.0
+#: Mount points for writable paths a view namespace's tmpfs holds before it is made
+#: again (episodes' paths differ; a few each).
+_MOUNT_POINTS_KEPT = 1024
 
 
 class _Libc:
@@ -299,6 +302,7 @@ class Prepared:
         # What the view makes of its own, granted in the child once it is made: its
         # /dev (the granted devices, its own terminals beneath /dev/pts, nothing to
         # create) and its /dev/shm (every file right).
+        self._namespace = -1  # the env's namespace of the view (owned by the cache)
         self._view_rules = (
             ("/dev", (_FS_READ | _FS_DEVICE) & handled_fs),
             ("/dev/shm", handled_fs & ~_FS_IOCTL_DEV),
@@ -395,7 +399,49 @@ def prepare(policy: dict[str, object]) -> Prepared:
             raise
     program = _seccomp.program(machine, _cache) if seccomp else None
     plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
-    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
+    prepared = Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
+    if plan is not None:
+        prepared._namespace = _view_namespace(libc, plan)
+    return prepared
+
+
+def _view_namespace(libc: _Libc, plan: dict[str, Any]) -> int:
+    """The env's namespace holding ``plan``'s read-only view (``view.build``), made once
+    per set of read-only paths while their directories stay the same ones, with the
+    mount points of ``plan``'s writable paths; -1 where none can be made (not root: each
+    spawn mounts its whole view)."""
+    arch = _ARCHES.get(os.uname().machine)
+    if os.geteuid() != 0 or arch is None:
+        return -1
+    view, key = _sibling("view"), f"namespace:{plan['key']}"
+    try:
+        found = tuple((s.st_dev, s.st_ino) for s in map(os.stat, plan["sources"]))
+    except OSError:
+        found = ()
+    held = _cache.get(key)
+    if isinstance(held, dict):
+        if held["namespace"] < 0 and held["identity"] == found:
+            return -1  # could not be made for these paths: not tried again
+        if held["identity"] == found and len(held["made"]) < _MOUNT_POINTS_KEPT:
+            view.add_mount_points(plan, held["root"], held["made"])
+            return int(held["namespace"])
+        for fd in (held["namespace"], held["root"]):  # replaced paths, or many mount points
+            if fd >= 0:
+                os.close(fd)
+    numbers = _cache["numbers"] = {name: nrs[arch[1]] for name, nrs in _NUMBERS.items()}
+    made: set[bytes] = set()
+    namespace, root = -1, -1
+    try:
+        if found:
+            namespace, root = view.build(libc, plan, numbers)
+            view.add_mount_points(plan, root, made)
+    except OSError:  # each spawn mounts its whole view, as without root
+        for fd in (namespace, root):
+            if fd >= 0:
+                os.close(fd)
+        namespace, root = -1, -1
+    _cache[key] = {"namespace": namespace, "root": root, "identity": found, "made": made}
+    return namespace
 
 
 def _check_policy(policy: object) -> None:
@@ -474,7 +520,12 @@ def apply(prepared: Prepared) -> None:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
     if prepared.view is not None:
-        _sibling("view").enter(libc, prepared.view, lambda: _add_view_rules(prepared))
+        view, add_rules = _sibling("view"), lambda: _add_view_rules(prepared)
+        if prepared._namespace >= 0:
+            numbers = _cache["numbers"]
+            view.join(libc, prepared.view, prepared._namespace, numbers, add_rules)
+        else:
+            view.enter(libc, prepared.view, add_rules)
     libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)
