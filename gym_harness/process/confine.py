@@ -25,9 +25,11 @@ What each layer enforces (the policy keys that ask for it in parentheses):
   devices it is granted by name, a private ``/dev/pts`` (a new devpts instance: its own
   terminals only) and a private ``/dev/shm`` (tmpfs, ``shm_mb`` large). A pathname unix
   socket outside the granted paths (a multiprocessing forkserver's, Ray's, a session
-  bus) has no path there, so no ``connect`` reaches it; as root the namespace is the
-  child's own, otherwise inside a user namespace of its own (uid and gid mapped to
-  themselves).
+  bus) has no path there, so no ``connect`` reaches it. As root, the read-only part of
+  the view is mounted once per env, in a namespace the keeper keeps (rooted in the view:
+  the host's root is not in it), and each child joins a copy of it, adding its writable
+  paths, ``/dev/pts`` and ``/dev/shm``; otherwise each child mounts its whole view in a
+  user namespace of its own (uid and gid mapped to themselves).
 
 What they do not enforce (kernel documentation, and measured here on Linux 6.18, ABI 7):
 

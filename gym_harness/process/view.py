@@ -8,9 +8,17 @@ new devpts instance (its own terminals only) and a tmpfs for ``/dev/shm``. A pat
 unix socket outside (a multiprocessing forkserver's, Ray's, a session bus) has no path
 there, so no ``connect`` reaches it: Landlock (ABI < 9) does not govern that connect.
 
+As root, what the read-only paths make is mounted once per env (:func:`build`: a mount
+namespace whose root is the view, kept open by the keeper) and each child joins a copy
+of it, adding what it has of its own (:func:`join`: its writable paths, ``/dev/pts``,
+``/dev/shm``): an ``unshare`` of a handful of mounts, then a mount per writable path and
+two more, not the whole view each spawn. Without root each child mounts its whole view
+(:func:`enter`).
+
 Loaded by ``confine`` by its file path, in the keeper (a ``python -I -S`` script): it
-imports built-in modules only. :func:`plan` runs in the keeper before the fork,
-:func:`enter` in the forked child, before the rest of the confinement.
+imports built-in modules only. :func:`plan`, :func:`build` and :func:`add_mount_points`
+run in the keeper before the fork, :func:`enter` or :func:`join` in the forked child,
+before the rest of the confinement.
 """
 
 from __future__ import annotations
