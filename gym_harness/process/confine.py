@@ -129,6 +129,8 @@ _NETNS_WAIT_S = 5.0
 #: Mount points for writable paths a view namespace's tmpfs holds before it is made
 #: again (episodes' paths differ; a few each).
 _MOUNT_POINTS_KEPT = 1024
+#: View namespaces kept (one per set of read-only paths: an env's keeper uses one).
+_NAMESPACES_KEPT = 4
 
 
 class _Libc:
@@ -304,20 +306,23 @@ class Prepared:
         # What the view makes of its own, granted in the child once it is made: its
         # /dev (the granted devices, its own terminals beneath /dev/pts, nothing to
         # create) and its /dev/shm (every file right).
-        self._namespace = -1  # the env's namespace of the view (owned by the cache)
+        self._namespace = -1  # the env's namespace of the view, or -1
         self._view_rules = (
             ("/dev", (_FS_READ | _FS_DEVICE) & handled_fs),
             ("/dev/shm", handled_fs & ~_FS_IOCTL_DEV),
         )
 
     def close(self) -> None:
-        """Close the ruleset fd in this process (idempotent, never raises)."""
-        fd, self.ruleset_fd, self.closed = self.ruleset_fd, -1, True
-        if fd >= 0:
-            try:  # noqa: SIM105  (contextlib is not imported here)
-                os.close(fd)
-            except OSError:
-                pass
+        """Close the ruleset fd and the view's namespace fd in this process (idempotent,
+        never raises)."""
+        fds = (self.ruleset_fd, self._namespace)
+        self.ruleset_fd, self._namespace, self.closed = -1, -1, True
+        for fd in fds:
+            if fd >= 0:
+                try:  # noqa: SIM105  (contextlib is not imported here)
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 def _kernel_buffers(libc: _Libc, program: bytes | None) -> tuple[tuple[int, int, int], int]:
@@ -402,8 +407,8 @@ def prepare(policy: dict[str, object]) -> Prepared:
     program = _seccomp.program(machine, _cache) if seccomp else None
     plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
     prepared = Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
-    if plan is not None:
-        prepared._namespace = _view_namespace(libc, plan)
+    if plan is not None and (namespace := _view_namespace(libc, plan)) >= 0:
+        prepared._namespace = os.dup(namespace)  # its own: the cache may close the one kept
     return prepared
 
 
@@ -415,21 +420,25 @@ def _view_namespace(libc: _Libc, plan: dict[str, Any]) -> int:
     arch = _ARCHES.get(os.uname().machine)
     if os.geteuid() != 0 or arch is None:
         return -1
-    view, key = _sibling("view"), f"namespace:{plan['key']}"
+    view, key = _sibling("view"), plan["key"]
+    kept = _cache.setdefault("namespaces", {})
+    assert isinstance(kept, dict)
     try:
         found = tuple((s.st_dev, s.st_ino) for s in map(os.stat, plan["sources"]))
     except OSError:
         found = ()
-    held = _cache.get(key)
+    held = kept.pop(key, None)  # put back last: the most recently used
     if isinstance(held, dict):
         if held["namespace"] < 0 and held["identity"] == found:
+            kept[key] = held
             return -1  # could not be made for these paths: not tried again
         if held["identity"] == found and len(held["made"]) < _MOUNT_POINTS_KEPT:
+            kept[key] = held
             view.add_mount_points(plan, held["root"], held["made"])
             return int(held["namespace"])
-        for fd in (held["namespace"], held["root"]):  # replaced paths, or many mount points
-            if fd >= 0:
-                os.close(fd)
+        _close_namespace(held)  # replaced paths, or many mount points: made again
+    while len(kept) >= _NAMESPACES_KEPT:
+        _close_namespace(kept.pop(next(iter(kept))))  # the least recently used
     numbers = _cache["numbers"] = {name: nrs[arch[1]] for name, nrs in _NUMBERS.items()}
     made: set[bytes] = set()
     namespace, root = -1, -1
@@ -442,8 +451,14 @@ def _view_namespace(libc: _Libc, plan: dict[str, Any]) -> int:
             if fd >= 0:
                 os.close(fd)
         namespace, root = -1, -1
-    _cache[key] = {"namespace": namespace, "root": root, "identity": found, "made": made}
+    kept[key] = {"namespace": namespace, "root": root, "identity": found, "made": made}
     return namespace
+
+
+def _close_namespace(held: dict[str, Any]) -> None:
+    for fd in (held["namespace"], held["root"]):
+        if fd >= 0:
+            os.close(fd)
 
 
 def _check_policy(policy: object) -> None:
