@@ -25,9 +25,11 @@ What each layer enforces (the policy keys that ask for it in parentheses):
   devices it is granted by name, a private ``/dev/pts`` (a new devpts instance: its own
   terminals only) and a private ``/dev/shm`` (tmpfs, ``shm_mb`` large). A pathname unix
   socket outside the granted paths (a multiprocessing forkserver's, Ray's, a session
-  bus) has no path there, so no ``connect`` reaches it; as root the namespace is the
-  child's own, otherwise inside a user namespace of its own (uid and gid mapped to
-  themselves).
+  bus) has no path there, so no ``connect`` reaches it. As root, the read-only part of
+  the view is mounted once per env, in a namespace the keeper keeps (rooted in the view:
+  the host's root is not in it), and each child joins a copy of it, adding its writable
+  paths, ``/dev/pts`` and ``/dev/shm``; otherwise each child mounts its whole view in a
+  user namespace of its own (uid and gid mapped to themselves).
 
 What they do not enforce (kernel documentation, and measured here on Linux 6.18, ABI 7):
 
@@ -124,6 +126,11 @@ _WANTED = {
     "size": "a positive int (MiB)",
 }
 _NETNS_WAIT_S = 5.0
+#: Mount points for writable paths a view namespace's tmpfs holds before it is made
+#: again (episodes' paths differ; a few each).
+_MOUNT_POINTS_KEPT = 1024
+#: View namespaces kept (one per set of read-only paths: an env's keeper uses one).
+_NAMESPACES_KEPT = 4
 
 
 class _Libc:
@@ -141,6 +148,9 @@ class _Libc:
         self.restrict_self.argtypes = (word, word, word)
         self.prctl, self.capget, self.capset = libc.prctl, libc.capget, libc.capset
         self.prctl.argtypes = (ctypes.c_int, word, word, word, word)
+        # For apply()'s loop over the bounding set: small ints (a capability, zeros) go
+        # without argtypes, which a call converts at about a third of the cost.
+        self.prctl_ints = libc["prctl"]
         self.capget.argtypes = self.capset.argtypes = (word, word)
         self.unshare = libc.unshare
         self.mount = libc.mount
@@ -150,6 +160,14 @@ class _Libc:
     def syscall(self, name: str, nr: int, *args: object) -> int:
         wrapped = [self.ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)]
         return self.check(name, self._syscall(*wrapped))
+
+    def add_rule(self, name: str, ruleset: int, fd: int, access: int) -> None:
+        """Grant ``access`` beneath the file of ``fd`` in ``ruleset`` (a path rule)."""
+        rule = self.struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
+        c_long = self.ctypes.c_long
+        result = self._syscall(c_long(_SYS_ADD_RULE), c_long(ruleset), c_long(_RULE_PATH_BENEATH),
+                               rule, c_long(0))  # fmt: skip
+        self.check(f"landlock_add_rule({name!r})", result)
 
     def check(self, name: str, result: int) -> int:
         if result < 0:
@@ -278,31 +296,53 @@ class Prepared:
         view: dict[str, object] | None = None,
         handled_fs: int = 0,
     ) -> None:
-        ctypes = libc.ctypes
         self._libc = libc
         self.ruleset_fd, self.drop_caps, self.closed = ruleset_fd, drop_caps, False
         self.view, self._handled_fs = view, handled_fs
         self.seccomp = program is not None
-        # What apply() points the kernel at, allocated here: capget's header and data,
-        # zeros for capset, and struct sock_fprog (a count, then, aligned, a pointer).
-        header, data = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)()
-        self._buffers: list[object] = [header, data, (ctypes.c_uint32 * 6)()]
-        self._caps = tuple(ctypes.addressof(b) for b in self._buffers)
-        self._filter = 0
-        if program is not None:
-            code = ctypes.create_string_buffer(program, len(program))
-            fprog = libc.struct.pack("HP", len(program) // 8, ctypes.addressof(code))
-            self._buffers += [code, ctypes.create_string_buffer(fprog, len(fprog))]
-            self._filter = ctypes.addressof(self._buffers[-1])
+        # What apply() points the kernel at, made once per process: capget's header and
+        # data, zeros for capset (each child writes only its own copy), and the program.
+        self._caps, self._filter = _kernel_buffers(libc, program)
+        # What the view makes of its own, granted in the child once it is made: its
+        # /dev (the granted devices, its own terminals beneath /dev/pts, nothing to
+        # create) and its /dev/shm (every file right).
+        self._namespace = -1  # the env's namespace of the view, or -1
+        self._view_rules = (
+            ("/dev", (_FS_READ | _FS_DEVICE) & handled_fs),
+            ("/dev/shm", handled_fs & ~_FS_IOCTL_DEV),
+        )
 
     def close(self) -> None:
-        """Close the ruleset fd in this process (idempotent, never raises)."""
-        fd, self.ruleset_fd, self.closed = self.ruleset_fd, -1, True
-        if fd >= 0:
-            try:  # noqa: SIM105  (contextlib is not imported here)
-                os.close(fd)
-            except OSError:
-                pass
+        """Close the ruleset fd and the view's namespace fd in this process (idempotent,
+        never raises)."""
+        fds = (self.ruleset_fd, self._namespace)
+        self.ruleset_fd, self._namespace, self.closed = -1, -1, True
+        for fd in fds:
+            if fd >= 0:
+                try:  # noqa: SIM105  (contextlib is not imported here)
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _kernel_buffers(libc: _Libc, program: bytes | None) -> tuple[tuple[int, int, int], int]:
+    """Addresses of capget's header and data and capset's zeros, and of a struct
+    sock_fprog for ``program`` (0 for none); allocated once per process, kept in the cache."""
+    ctypes = libc.ctypes
+    caps = _cache.get("caps")
+    if caps is None:
+        header, data = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+        buffers = (header, data, (ctypes.c_uint32 * 6)())
+        caps = _cache["caps"] = (buffers, tuple(ctypes.addressof(b) for b in buffers))
+    if program is None:
+        return caps[1], 0  # type: ignore[index]
+    fprog = _cache.get("fprog")
+    if fprog is None or fprog[0] != program:  # type: ignore[index]
+        # struct sock_fprog: a count, then, aligned, a pointer to the code.
+        code = ctypes.create_string_buffer(program, len(program))
+        packed = libc.struct.pack("HP", len(program) // 8, ctypes.addressof(code))
+        fprog = _cache["fprog"] = (program, code, ctypes.create_string_buffer(packed))
+    return caps[1], ctypes.addressof(fprog[2])  # type: ignore[index]
 
 
 def prepare(policy: dict[str, object]) -> Prepared:
@@ -366,7 +406,59 @@ def prepare(policy: dict[str, object]) -> Prepared:
             raise
     program = _seccomp.program(machine, _cache) if seccomp else None
     plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
-    return Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
+    prepared = Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
+    if plan is not None and (namespace := _view_namespace(libc, plan)) >= 0:
+        prepared._namespace = os.dup(namespace)  # its own: the cache may close the one kept
+    return prepared
+
+
+def _view_namespace(libc: _Libc, plan: dict[str, Any]) -> int:
+    """The env's namespace holding ``plan``'s read-only view (``view.build``), made once
+    per set of read-only paths while their directories stay the same ones, with the
+    mount points of ``plan``'s writable paths; -1 where none can be made (not root: each
+    spawn mounts its whole view)."""
+    arch = _ARCHES.get(os.uname().machine)
+    if os.geteuid() != 0 or arch is None:
+        return -1
+    view, key = _sibling("view"), plan["key"]
+    kept = _cache.setdefault("namespaces", {})
+    assert isinstance(kept, dict)
+    try:
+        found = tuple((s.st_dev, s.st_ino) for s in map(os.stat, plan["sources"]))
+    except OSError:
+        found = ()
+    held = kept.pop(key, None)  # put back last: the most recently used
+    if isinstance(held, dict):
+        if held["namespace"] < 0 and held["identity"] == found:
+            kept[key] = held
+            return -1  # could not be made for these paths: not tried again
+        if held["identity"] == found and len(held["made"]) < _MOUNT_POINTS_KEPT:
+            kept[key] = held
+            view.add_mount_points(plan, held["root"], held["made"])
+            return int(held["namespace"])
+        _close_namespace(held)  # replaced paths, or many mount points: made again
+    while len(kept) >= _NAMESPACES_KEPT:
+        _close_namespace(kept.pop(next(iter(kept))))  # the least recently used
+    numbers = _cache["numbers"] = {name: nrs[arch[1]] for name, nrs in _NUMBERS.items()}
+    made: set[bytes] = set()
+    namespace, root = -1, -1
+    try:
+        if found:
+            namespace, root = view.build(libc, plan, numbers)
+            view.add_mount_points(plan, root, made)
+    except OSError:  # each spawn mounts its whole view, as without root
+        for fd in (namespace, root):
+            if fd >= 0:
+                os.close(fd)
+        namespace, root = -1, -1
+    kept[key] = {"namespace": namespace, "root": root, "identity": found, "made": made}
+    return namespace
+
+
+def _close_namespace(held: dict[str, Any]) -> None:
+    for fd in (held["namespace"], held["root"]):
+        if fd >= 0:
+            os.close(fd)
 
 
 def _check_policy(policy: object) -> None:
@@ -413,21 +505,18 @@ def _add_path(libc: _Libc, ruleset: int, path: str, access: int) -> None:
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= _FS_FILE  # directory rights on a file are EINVAL
-        rule = libc.struct.pack("=Qi", access, fd)  # packed struct landlock_path_beneath_attr
-        kind = _RULE_PATH_BENEATH
-        libc.syscall(f"landlock_add_rule({path!r})", _SYS_ADD_RULE, ruleset, kind, rule, 0)
+        libc.add_rule(path, ruleset, fd, access)
     finally:
         os.close(fd)
 
 
 def _add_view_rules(prepared: Prepared) -> None:
-    """Grant what the view made of its own (in the child, before the ruleset applies):
-    read its ``/dev``, use its terminals, and every file right in its ``/dev/shm``."""
+    """Grant what the view made of its own (in the child, before the ruleset applies)."""
     if prepared.ruleset_fd >= 0 and prepared._handled_fs:
-        libc, handled, ruleset = prepared._libc, prepared._handled_fs, prepared.ruleset_fd
-        _add_path(libc, ruleset, "/dev", _FS_READ & handled)  # all of it is ours
-        _add_path(libc, ruleset, "/dev/pts", _FS_DEVICE & handled)
-        _add_path(libc, ruleset, "/dev/shm", handled & ~_FS_IOCTL_DEV)
+        libc, ruleset = prepared._libc, prepared.ruleset_fd
+        for path, access in prepared._view_rules:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # closed by the exec
+            libc.add_rule(path, ruleset, fd, access)
 
 
 def apply(prepared: Prepared) -> None:
@@ -448,7 +537,12 @@ def apply(prepared: Prepared) -> None:
         raise ValueError("confinement: apply() of a closed Prepared")
     libc = prepared._libc
     if prepared.view is not None:
-        _sibling("view").enter(libc, prepared.view, lambda: _add_view_rules(prepared))
+        view, add_rules = _sibling("view"), lambda: _add_view_rules(prepared)
+        if prepared._namespace >= 0:
+            numbers = _cache["numbers"]
+            view.join(libc, prepared.view, prepared._namespace, numbers, add_rules)
+        else:
+            view.enter(libc, prepared.view, add_rules)
     libc.check("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     if prepared.drop_caps:
         _drop_caps(libc, *prepared._caps)
@@ -465,7 +559,7 @@ def _drop_caps(libc: _Libc, header: int, data: int, zeros: int) -> None:
     effective = libc.ctypes.c_uint32.from_address(data).value
     if effective & 1 << _CAP_SETPCAP:  # dropping the bounding set needs it
         cap = 0  # no /proc read: EINVAL marks the kernel's last capability
-        while libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        while libc.prctl_ints(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
             cap += 1
         if cap == 0 or libc.ctypes.get_errno() != _EINVAL:
             libc.check(f"PR_CAPBSET_DROP({cap})", -1)

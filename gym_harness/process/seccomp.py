@@ -83,16 +83,19 @@ def program(machine: str, cache: dict[str, object]) -> bytes:
     audit_arch, column = ARCHES[machine]
     nrs = {name: numbers[column] for name, numbers in NUMBERS.items()}
     code: list[str | tuple[int | str, ...]] = [(_LD_W_ABS, _ARCH), (_JEQ, audit_arch, 0, "kill")]
-    code += [(_LD_W_ABS, _NR), (_JEQ, nrs["clone3"], "enosys", 0)]
+    code.append((_LD_W_ABS, _NR))
     if machine == "x86_64":
         code.append((_JGE, _X32_BIT, "eperm", 0))
-    code += [(_JEQ, nrs[name], "eperm", 0) for name in SECCOMP_DENIED if name not in _BY_ARGUMENT]
+    # Where each call the filter looks at goes; a binary search over their numbers, so
+    # the kernel's walk of the program for each call number (the allow cache it builds
+    # when the filter loads) and each call's own walk take a few steps, not one per name.
+    where = {nrs[name]: "eperm" for name in SECCOMP_DENIED if name not in _BY_ARGUMENT}
+    where.update({nrs["clone3"]: "enosys", nrs["socket"]: "socket", nrs["clone"]: "clone",
+                  nrs["ioctl"]: "ioctl", nrs["sendmsg"]: "flags_in_arg2",
+                  nrs["sendto"]: "flags_in_arg3", nrs["sendmmsg"]: "flags_in_arg3"})  # fmt: skip
+    code += _search(sorted(where.items()), "allow", [0])
     # fmt: off
     code += [
-        (_JEQ, nrs["socket"], "socket", 0), (_JEQ, nrs["clone"], "clone", 0),
-        (_JEQ, nrs["ioctl"], "ioctl", 0),
-        (_JEQ, nrs["sendmsg"], "flags_in_arg2", 0), (_JEQ, nrs["sendto"], "flags_in_arg3", 0),
-        (_JEQ, nrs["sendmmsg"], "flags_in_arg3", "allow"),
         "socket", (_LD_W_ABS, _ARG0),
         (_JEQ, _AF_UNIX, "allow", 0), (_JEQ, _AF_NETLINK, "allow", 0),
         (_JEQ, _AF_INET, "inet", 0), (_JEQ, _AF_INET6, "inet", "eperm"),
@@ -110,6 +113,22 @@ def program(machine: str, cache: dict[str, object]) -> bytes:
     # fmt: on
     built = cache[f"bpf:{machine}"] = _assemble(code)
     return built
+
+
+def _search(
+    calls: list[tuple[int, str]], otherwise: str, serial: list[int]
+) -> list[str | tuple[int | str, ...]]:
+    """Jump to each call number's label, else to ``otherwise``: a binary search on the
+    number (``JGE``) down to runs of three at most, compared one by one (``JEQ``)."""
+    if len(calls) <= 3:
+        *first, (last, to) = calls
+        return [*((_JEQ, nr, label, 0) for nr, label in first), (_JEQ, last, to, otherwise)]
+    half = len(calls) // 2
+    serial[0] += 1
+    upper = f"search{serial[0]}"
+    below = _search(calls[:half], otherwise, serial)
+    return [(_JGE, calls[half][0], upper, 0), *below, upper,
+            *_search(calls[half:], otherwise, serial)]  # fmt: skip
 
 
 def _assemble(code: list[str | tuple[int | str, ...]]) -> bytes:

@@ -168,7 +168,31 @@ def test_dev_holds_the_granted_devices_by_name(confined: gymnasium.Env[str, str]
     ok, names = attempt(confined, "list_dev")
     assert ok and set(names.split()) == VIEW_DEV
     assert attempt(confined, "read", "/dev/urandom")[0]
+    assert attempt(confined, "write", "/dev/null") == (True, "written")
+    ok, detail = attempt(confined, "write", "/dev/planted")  # nothing made in its /dev
+    assert not ok and "PermissionError" in detail
     assert attempt(confined, "posix_shm") == (True, "shared")  # a /dev/shm of its own
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_an_episode_reaches_nothing_of_the_one_before(tier: str) -> None:
+    """Spawns of one env share its view's read-only part (mounted once): an episode's
+    writable paths are its own spawn's, gone from the next episode's view."""
+    env = escaper(sandbox=tier)
+    try:
+        env.reset()
+        first = HarnessEnv.of(env).workspace
+        assert first is not None
+        assert attempt(env, "write", str(first / "mine")) == (True, "written")
+        env.reset()
+        second = HarnessEnv.of(env).workspace
+        assert second is not None and second != first
+        ok, detail = attempt(env, "read", str(first / "mine"))
+        assert not ok and "FileNotFoundError" in detail
+        assert attempt(env, "write", str(second / "mine")) == (True, "written")
+        assert attempt(env, "read", str(second / "mine")) == (True, "planted")
+    finally:
+        env.close()
 
 
 # ------------------------------------------------------------ 3. terminals
