@@ -143,10 +143,12 @@ class HarnessAgentLoop(AgentLoopBase):
                 request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
             )
             version = out.extra_fields.get("global_steps")
+            first = out.extra_fields.get("min_global_steps")
             return Generated(
                 token_ids=list(out.token_ids),
                 logprobs=[float(x) for x in out.log_probs or ()],
                 policy_version=None if version is None else int(version),
+                first_version=None if first is None else int(first),
                 preempted=int(out.num_preempted or 0),
             )
 

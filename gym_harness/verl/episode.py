@@ -38,13 +38,17 @@ class Generated:
     Attributes:
         token_ids: The sampled ids.
         logprobs: One log-probability per id.
-        policy_version: The version of the weights that sampled them (verl's ``global_steps``).
+        policy_version: The version of the weights that sampled them (verl's ``global_steps``:
+            the last, for a generation resumed across a weight sync).
+        first_version: The version that sampled the first of them (verl's
+            ``min_global_steps``; ``None``: the same as ``policy_version``).
         preempted: How often the engine preempted the call (verl's ``num_preempted``).
     """
 
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
     policy_version: int | None = None
+    first_version: int | None = None
     preempted: int = 0
 
 
@@ -162,6 +166,8 @@ async def _drive(
         version = 0 if out.policy_version is None else int(out.policy_version)
         if out.policy_version is not None:
             versions.append(version)
+        if out.first_version is not None:
+            versions.append(int(out.first_version))
         preempted += out.preempted
         chain.record(out.token_ids, out.logprobs or None, policy_version=version)
         text = tokenizer.decode(list(out.token_ids), skip_special_tokens=True)

@@ -222,7 +222,9 @@ def test_two_call_episodes_give_sampled_then_inserted_ids_through_verls_worker(
     assert list(out.non_tensor_batch["model_calls"]) == [2, 2]
     assert list(out.non_tensor_batch["tool_calls"]) == [1, 1]
     assert list(out.non_tensor_batch["outcome"]) == ["", ""]
-    assert list(out.non_tensor_batch["min_global_steps"]) == [4, 4]
+    # the weights that sampled each episode: 3 before the weight sync, 4 after it
+    assert list(out.non_tensor_batch["min_global_steps"]) == [3, 3]
+    assert list(out.non_tensor_batch["max_global_steps"]) == [4, 4]
     for b, task in enumerate(tasks):
         row = _unpad(out, b)
         prompt, response, mask = row["prompt"], row["response"], row["mask"]
