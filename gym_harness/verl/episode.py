@@ -5,9 +5,10 @@ it resets a ``HarnessEnv`` on a task, answers each model call of the harness wit
 ``generate(prompt_ids)`` on the chain's prompt ids (:class:`~gym_harness.training.TokenChain`:
 the previous call's prompt + completion + the ids of only what is new), parses the
 completion into the action (text and tool calls) and steps the env with the ids it
-carries. Every blocking env call (construction, ``reset``, ``step``, ``truncate``,
-``close``) runs in a worker thread (``asyncio.to_thread``), so the caller's event loop
-keeps serving the other episodes while a harness runs its tools.
+carries. Every blocking call (the env's construction, ``reset``, ``step``, ``truncate``,
+``close``, and the tokenizer's chat template and ``decode``) runs in a worker thread
+(``asyncio.to_thread``), so the caller's event loop keeps serving the other episodes
+while a harness runs its tools.
 
 The rows come from the env's own training trace (``training_trace()["chains"]``): one per
 unbroken chain, each the first call's prompt, then ``c1 ‖ d1 ‖ c2 …`` with a mask 1 on the
@@ -160,7 +161,7 @@ async def _drive(
         if max_turns is not None and len(chain.calls) >= max_turns:
             outcome = "max_turns"  # held at its next model call; truncate() below ends it
             break
-        prompt = chain.prompt_ids(request)
+        prompt = await asyncio.to_thread(chain.prompt_ids, request)  # the chat template
         first_prompt = first_prompt or list(prompt)
         out = await clock.generate(generate, prompt)
         version = 0 if out.policy_version is None else int(out.policy_version)
@@ -170,7 +171,9 @@ async def _drive(
             versions.append(int(out.first_version))
         preempted += out.preempted
         chain.record(out.token_ids, out.logprobs or None, policy_version=version)
-        text = tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
+        text = await asyncio.to_thread(
+            tokenizer.decode, list(out.token_ids), skip_special_tokens=True
+        )
         answer = {
             **action(text, request),
             "token_ids": list(out.token_ids),

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -90,9 +92,10 @@ class Replica:
     Log-probabilities are ``-0.01 * (position + 1)`` over the whole completion.
     """
 
-    def __init__(self, tokenizer: Any, answer: str) -> None:
+    def __init__(self, tokenizer: Any, answer: str, call: str = CALL) -> None:
         self.tokenizer = tokenizer
         self.answer = answer
+        self.call = call
         self.planned: dict[tuple[int, ...], list[int]] = {}
         self.requests: list[dict[str, Any]] = []
         self.generate = self  # ``replica.generate.remote(...)``, as on a Ray actor handle
@@ -112,7 +115,7 @@ class Replica:
                     extra_fields={"global_steps": 4},
                 )
         text = self.tokenizer.decode(prompt_ids)
-        reply = self.answer if "<tool_response>" in text else CALL
+        reply = self.answer if "<tool_response>" in text else self.call
         ids = self.tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
         self.planned[tuple(prompt_ids)] = ids
         half = len(ids) // 2
@@ -330,3 +333,38 @@ def test_a_sample_with_no_env_says_what_to_set(verl_config: Any) -> None:
 
     with pytest.raises(ConfigError, match="needs an env"):
         asyncio.run(run())
+
+
+def test_the_env_runs_off_the_event_loop(verl_config: Any) -> None:
+    """The harness's tool waits for a coroutine on verl's event loop: it can run only if
+    the env's step does not hold the loop."""
+    started, released = threading.Event(), threading.Event()
+
+    def hang() -> str:
+        """Wait for the test."""
+        started.set()
+        return "released" if released.wait(60) else "timed out"
+
+    call = '<tool_call>\n{"name": "hang", "arguments": {}}\n</tool_call>'
+    replica = Replica(tiny_tokenizer(), "done", call=call)
+    worker, make = instantiate(verl_config, "harness", replica)
+    replica.tokenizer = worker.tokenizer
+
+    async def release() -> bool:
+        deadline = time.monotonic() + 120
+        while not started.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        released.set()
+        return started.is_set()
+
+    async def run() -> Any:
+        loop = await make()
+        row = {"task": TASK, "env_kwargs": {"tools": [hang]}}
+        episode = loop.run({"temperature": 1.0, "logprobs": True}, extra_info=row)
+        return await asyncio.gather(episode, release())
+
+    output, tool_started = asyncio.run(run())
+    assert tool_started
+    assert output.extra_fields["model_calls"] == 2 and output.extra_fields["outcome"] == ""
+    inserted = [i for i, m in zip(output.response_ids, output.response_mask, strict=True) if not m]
+    assert "<tool_response>\nreleased\n</tool_response>" in worker.tokenizer.decode(inserted)
