@@ -50,7 +50,7 @@ from gym_harness.training.chain import ChatTokenizer, TokenChain
 from gym_harness.training.tool_calls import completion_action
 from gym_harness.vector.factory import make_vector_env
 
-__all__ = ["EpisodeRow", "GroupRollout", "Sampler"]
+__all__ = ["EpisodeRow", "GroupRollout", "Sampler", "model_env_kwargs"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class GroupRollout:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
         if max_turns is not None and max_turns < 1:
             raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
-        self.env_kwargs, steps = _env_kwargs(env_id_or_config, env_kwargs)
+        self.env_kwargs, steps = model_env_kwargs(env_id_or_config, env_kwargs)
         self.max_turns = steps if max_turns is None else max_turns
         self.tokenizer = tokenizer
         self.sampler = sampler
@@ -352,10 +352,14 @@ class GroupRollout:
         return EpisodeRow(ids, [end], [0], [0.0], [], reward, episode.outcome, error, calls)
 
 
-def _env_kwargs(
+def model_env_kwargs(
     env_id_or_config: str | Mapping[str, Any], env_kwargs: Mapping[str, Any]
 ) -> tuple[dict[str, Any], int | None]:
-    """The ``HarnessEnv`` keywords and step limit of an env id or config, in model mode."""
+    """The ``HarnessEnv`` keywords and step limit of an env id or config, in model mode.
+
+    Raises:
+        ConfigError: An unknown env id, neither an id nor a dict, or a mode other than model.
+    """
     if isinstance(env_id_or_config, str):
         try:
             spec = gymnasium.spec(env_id_or_config)

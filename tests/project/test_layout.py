@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "gym_harness"
 _IMPORT_STRING = re.compile(r"(gym_harness(?:\.\w+)*):[\w.]+")
 
@@ -39,7 +41,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("modes",),
     ("fork",),
     ("env", "spaces"),
-    ("vector", "rollout", "training", "registration", "openenv", "policies", "", "__main__"),
+    ("vector", "rollout", "training", "verl", "registration", "openenv", "policies", "", "__main__"),
 )
 #: A module longer than this is named in its part's docstring with why it is one job.
 LONG_MODULE = 600
@@ -65,10 +67,13 @@ ABOVE_ENV = (
     "gym_harness.vector",
     "gym_harness.registration",
     "gym_harness.openenv",
+    "gym_harness.verl",
 )
 #: The optional OpenEnv bridge (the extra ``gym_harness[openenv]``): the only importer of
 #: ``openenv``, and imported by nothing of the package (``import gym_harness`` never loads it).
 OPENENV_PART = "gym_harness.openenv"
+#: verl's agent loop (the extra ``gym_harness[verl]``): the same rule for ``verl``.
+VERL_PART = "gym_harness.verl"
 #: What the records part (what leaves an episode) may import of the package: the vocabulary.
 RECORDS_MAY_IMPORT = (
     "gym_harness.records",
@@ -518,19 +523,22 @@ def test_nothing_below_the_env_imports_the_env() -> None:
     assert importers == ["gym_harness"]  # the public surface, and the parts above the env
 
 
-def test_nothing_imports_the_openenv_part_and_only_it_imports_openenv() -> None:
+@pytest.mark.parametrize(("part", "library"), [(OPENENV_PART, "openenv"), (VERL_PART, "verl")])
+def test_nothing_imports_an_optional_part_and_only_it_imports_its_library(
+    part: str, library: str
+) -> None:
     importers = sorted(
         name
         for name, targets in import_graph().items()
-        if not _within(name, (OPENENV_PART,)) and any(_within(t, (OPENENV_PART,)) for t in targets)
+        if not _within(name, (part,)) and any(_within(t, (part,)) for t in targets)
     )
     assert importers == []
     found = []
     for name, path in modules().items():
-        if _within(name, (OPENENV_PART,)):
+        if _within(name, (part,)):
             continue
         for target, _, line in _imported(name, path, ast.parse(path.read_text())):
-            if _within(target, ("openenv",)):
+            if _within(target, (library,)):
                 found.append(f"{name}:{line} imports {target}")
     assert found == []
 
