@@ -334,7 +334,9 @@ def _parser() -> argparse.ArgumentParser:
         "--policy",
         metavar="PKG.MOD:FN",
         help="with --mode model: FN(request dict) -> action str or dict, for each model call "
-        "(default: none; --mode model needs one)",
+        "(--mode model needs one); with --mode turns: FN(reply, info) -> the next user "
+        "message or None, after each turn, e.g. gym_harness.suites.bfcl:scripted_user "
+        "(default: none; turns then send --follow-up)",
     )
     roll.add_argument(
         "--max-steps",
@@ -634,9 +636,8 @@ def _signals_interrupt() -> Iterator[None]:
 def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
     if args.mode != "model":
-        if args.policy:
-            raise ConfigError("--policy answers model calls: add --mode model")
-        return {}
+        # Turn mode: the policy is the user, FN(reply, info) -> next message or None.
+        return {"policy": load_policy(args.policy)} if args.policy else {}
     if not args.policy:
         raise ConfigError("--mode model needs --policy pkg.module:fn (request dict -> action)")
     if args.max_steps < 1:

@@ -62,9 +62,7 @@ BACKEND_DOCS: Mapping[str, str] = {
 }
 #: What BFCL's inference sends as the user turn in which withheld functions arrive (its
 #: ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC``; such a turn has no message of its own).
-ADDED_FUNCTIONS_PROMPT = (
-    "I have updated some more functions you can choose from. What about now?"
-)
+ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 _TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array"}
 
 
@@ -132,6 +130,8 @@ def data_dir() -> Path:
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"the BFCL suite needs bfcl-eval and mpmath: {INSTALL}")
+    if importlib.util.find_spec("mpmath") is None:
+        raise ConfigError(f"the BFCL suite needs mpmath (BFCL's MathAPI uses it): {INSTALL}")
     found = Path(next(iter(spec.submodule_search_locations))) / "data"
     if not (found / "multi_turn_func_doc").is_dir():
         raise ConfigError(f"bfcl-eval at {found.parent} has no multi-turn data: {INSTALL}")

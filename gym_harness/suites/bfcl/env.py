@@ -60,12 +60,14 @@ class _Progress:
         done = len(self.turn_valid)
         turns = 0 if task is None else len(task.turns)
         verdict = (final or Verdict(False)).to_dict()
+        more = task is not None and final is None and done < turns
+        next_user = task.turns[done] if more and task is not None else ""
         return {
             "task_id": "" if task is None else task.id,
             "category": "" if task is None else task.category,
             "turns": turns,
             "turn": done,
-            "next_user": task.turns[done] if task is not None and final is None and done < turns else "",
+            "next_user": next_user,
             "turn_valid": list(self.turn_valid),
             "done": final is not None,
             **verdict,

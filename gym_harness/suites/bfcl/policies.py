@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gym_harness.errors import ConfigError
@@ -69,32 +69,71 @@ def parse_call(call: str, parameters: Mapping[str, Sequence[str]]) -> dict[str, 
 class GroundTruthPolicy:
     """Model mode's policy that answers with a task's ground truth (or ``answers``).
 
-    The turn under way is the number of user messages in the request; a request whose
-    last message is a tool result has had its calls, so the answer is :data:`DONE_TEXT`.
+    The turn under way is ``turn()`` (an env's ``backends.turn``), or without it the
+    number of user messages in the request less one; a request whose last message is a
+    tool result has had its calls, so the answer is :data:`DONE_TEXT`. Each call names
+    the tool as the request offers it (a CLI may prefix env tools: ``mcp__env__mv``).
 
     Args:
         task: The task.
         answers: The call strings to make per turn, instead of the ground truth (to
             see the checker refuse a dropped or changed call).
+        turn: Returns the turn under way (from 0); for harnesses that add user messages
+            of their own.
 
     Example:
         >>> policy = GroundTruthPolicy(env.unwrapped.suite[0])  # doctest: +SKIP
         >>> env.step(json.dumps(policy(json.loads(obs))))  # doctest: +SKIP
     """
 
-    def __init__(self, task: BFCLTask, answers: Sequence[Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        task: BFCLTask,
+        answers: Sequence[Sequence[str]] | None = None,
+        turn: Callable[[], int] | None = None,
+    ) -> None:
         self.task = task
-        self.answers = [list(turn) for turn in (answers or task.ground_truth)]
+        self.answers = [list(calls) for calls in (answers or task.ground_truth)]
+        self._turn = turn
         self._parameters = _parameter_names(task)
 
     def __call__(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The action for one model call (the observation as a dict)."""
         messages = list(request.get("messages") or ())
-        turn = sum(1 for m in messages if m.get("role") == "user") - 1
+        if self._turn is not None:
+            turn = self._turn()
+        else:
+            turn = sum(1 for m in messages if m.get("role") == "user") - 1
         calls = self.answers[turn] if 0 <= turn < len(self.answers) else []
         if (messages and messages[-1].get("role") == "tool") or not calls:
             return {"content": DONE_TEXT}
-        return {"content": "", "tool_calls": [parse_call(c, self._parameters) for c in calls]}
+        offered = _tool_names(request)
+        tool_calls = []
+        for call in calls:
+            parsed = parse_call(call, self._parameters)
+            tool_calls.append({**parsed, "name": _served(parsed["name"], offered)})
+        return {"content": "", "tool_calls": tool_calls}
+
+
+def _tool_names(request: Mapping[str, Any]) -> list[str]:
+    names = []
+    for tool in request.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = (function or tool).get("name") if isinstance(tool, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+
+def _served(name: str, offered: Sequence[str]) -> str:
+    """``name`` as the request offers it: itself, or the one tool named ``<prefix>name``
+    with a prefix that ends in a separator (``mcp__env__``, ``env_``)."""
+    if name in offered:
+        return name
+    for candidate in offered:
+        if candidate.endswith(name) and candidate[-len(name) - 1] in "_.-:/":
+            return candidate
+    return name
 
 
 def _parameter_names(task: BFCLTask) -> dict[str, list[str]]:
