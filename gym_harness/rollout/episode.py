@@ -96,7 +96,7 @@ def run_episode(
     prompt, _ = env.reset(seed=seed, options={"task": task})
     user: UserPolicy | None = None
     if policy is not None and HarnessEnv.of(env).config.mode == "model":
-        answer_calls(env, prompt, cast(Policy, load_policy(policy)), max_steps)
+        answer_calls(env, prompt, load_policy(policy), max_steps)
     else:
         user = None if policy is None else cast(UserPolicy, load_policy(policy))
         message: str | None = prompt
@@ -112,7 +112,7 @@ def run_episode(
     )
 
 
-def load_policy(policy: Policy | str) -> Policy:
+def load_policy(policy: Policy | UserPolicy | str) -> Policy:
     """``policy`` itself, or the callable its import string ``"pkg.module:fn"`` names.
 
     Raises:
