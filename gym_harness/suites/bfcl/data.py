@@ -73,10 +73,16 @@ class SuiteTask:
     Attributes:
         id: The task id (``"multi_turn_base_0"``).
         turns: How many user turns the task has.
+        prompt: Its first user turn (a rollout's task file wants one per task).
     """
 
     id: str
     turns: int
+    prompt: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        """The task as a line of a rollout's task file: ``{"id", "prompt"}``."""
+        return {"id": self.id, "prompt": self.prompt}
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,9 @@ def tasks(category: str = "base") -> tuple[SuiteTask, ...]:
         >>> [t.id for t in tasks("base")][:2]  # doctest: +SKIP
         ['multi_turn_base_0', 'multi_turn_base_1']
     """
-    return tuple(SuiteTask(task.id, len(task.turns)) for task in load_category(category))
+    return tuple(
+        SuiteTask(task.id, len(task.turns), task.turns[0]) for task in load_category(category)
+    )
 
 
 def json_schema(parameters: Mapping[str, Any]) -> dict[str, Any]:
