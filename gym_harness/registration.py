@@ -11,8 +11,13 @@ __all__ = ["register_envs"]
 _DATA = Path(__file__).resolve().parent / "data"
 _ENTRY = "gym_harness.env:HarnessEnv"
 _VECTOR = "gym_harness.vector.factory:make_vector_env"
-#: Envs whose entry point is not ``HarnessEnv`` itself: id -> entry point.
-_ENTRIES = {"gym_harness/BFCL-v0": "gym_harness.suites.bfcl:BFCLEnv"}
+#: Envs whose entry points are not ``HarnessEnv``'s: id -> (entry point, vector entry point).
+_ENTRIES = {
+    "gym_harness/BFCL-v0": (
+        "gym_harness.suites.bfcl:BFCLEnv",
+        "gym_harness.suites.bfcl.vector:make_vector_env",
+    )
+}
 
 #: id -> (kwargs, max_episode_steps, nondeterministic)
 ENV_IDS: dict[str, tuple[dict[str, object], int | None, bool]] = {
@@ -45,8 +50,8 @@ def register_envs() -> None:
             continue
         gymnasium.register(
             id=env_id,
-            entry_point=_ENTRIES.get(env_id, _ENTRY),
-            vector_entry_point=_VECTOR,
+            entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[0],
+            vector_entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[1],
             kwargs=kwargs,
             max_episode_steps=max_steps,
             nondeterministic=nondeterministic,

@@ -235,3 +235,26 @@ def test_without_bfcl_eval_the_suite_says_how_to_install_it() -> None:
     assert out.stdout.startswith("ConfigError"), out
     assert "pip install 'gym_harness[bfcl]'" in out.stdout
     assert "pip install --no-deps 'bfcl-eval==" in out.stdout
+
+
+@pytest.mark.slow
+def test_make_vec_runs_bfcl_envs_in_workers() -> None:
+    import gymnasium
+
+    task = load_category("base")[1]
+    envs = gymnasium.make_vec("gym_harness/BFCL-v0", num_envs=2, mode="model")
+    try:
+        obs, _ = envs.reset(options={"task_id": task.id})
+        policies = [GroundTruthPolicy(task), GroundTruthPolicy(task)]
+        rewards: list[float | None] = [None, None]
+        for _ in range(40):
+            actions = [json.dumps(p(json.loads(o))) if o else "" for p, o in zip(policies, obs)]
+            obs, reward, terminated, truncated, info = envs.step(actions)
+            for i in range(2):
+                if (terminated[i] or truncated[i]) and rewards[i] is None:
+                    rewards[i] = float(reward[i])
+            if None not in rewards:
+                break
+        assert rewards == [1.0, 1.0], info
+    finally:
+        envs.close()
