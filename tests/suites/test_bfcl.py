@@ -248,7 +248,10 @@ def test_make_vec_runs_bfcl_envs_in_workers() -> None:
         policies = [GroundTruthPolicy(task), GroundTruthPolicy(task)]
         rewards: list[float | None] = [None, None]
         for _ in range(40):
-            actions = [json.dumps(p(json.loads(o))) if o else "" for p, o in zip(policies, obs)]
+            actions = [
+                json.dumps(p(json.loads(o))) if o else ""
+                for p, o in zip(policies, obs, strict=True)
+            ]
             obs, reward, terminated, truncated, info = envs.step(actions)
             for i in range(2):
                 if (terminated[i] or truncated[i]) and rewards[i] is None:
