@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from support.bfcl import play
 
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, ForkUnsupported
 from gym_harness.suites.bfcl import (
     CATEGORIES,
     BFCLEnv,
@@ -261,3 +261,10 @@ def test_make_vec_runs_bfcl_envs_in_workers() -> None:
         assert rewards == [1.0, 1.0], info
     finally:
         envs.close()
+
+
+def test_an_episode_refuses_to_fork(bfcl_env: MakeEnv) -> None:
+    env = bfcl_env("base")
+    env.reset(options={"task_id": env.suite[0].id})
+    with pytest.raises(ForkUnsupported, match="do not fork"):
+        env.fork()

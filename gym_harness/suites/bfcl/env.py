@@ -31,7 +31,7 @@ from gymnasium.error import ResetNeeded
 
 from gym_harness.bridge.tools import OfferedTools
 from gym_harness.env import HarnessEnv
-from gym_harness.errors import ConfigError
+from gym_harness.errors import ConfigError, ForkUnsupported
 from gym_harness.records.trajectory import RewardContext, Trajectory
 from gym_harness.suites.bfcl.backends import Backends, tool_server
 from gym_harness.suites.bfcl.checker import Verdict, check, force_terminated
@@ -170,6 +170,18 @@ class BFCLEnv(HarnessEnv):
             terminated = terminated or not truncated
         info["bfcl"] = self._progress.info()
         return obs, reward, terminated, truncated, info
+
+    def fork(self, *, strict: bool = False) -> tuple[HarnessEnv, str, dict[str, Any]]:
+        """BFCL episodes do not fork: a child would need its own copy of the backends'
+        state and of the calls so far, which a fork does not carry.
+
+        Raises:
+            ForkUnsupported: Always.
+        """
+        raise ForkUnsupported(
+            "BFCL-v0 episodes do not fork (the backends' state and the calls so far stay "
+            "with the parent); run the task again from reset() instead."
+        )
 
     # -- the user side and the reward (the env's callbacks) ---------------------------
 

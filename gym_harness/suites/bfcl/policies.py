@@ -6,7 +6,7 @@
   gym_harness.suites.bfcl:scripted_user``).
 * :class:`GroundTruthPolicy` is a model-mode policy that answers each model call with the
   ground truth of the turn under way: all the turn's calls in one completion, then a short
-  text once their results are in (no calls, only the text, for a turn whose ground truth
+  text once their results are in (no calls, only an apology, for a turn whose ground truth
   has none: the withheld-function and missing-parameter turns). It scores 1.0 on every
   task; a changed copy of its answers shows what the checker refuses.
 """
@@ -26,6 +26,9 @@ __all__ = ["GroundTruthPolicy", "parse_call", "scripted_user"]
 
 #: The text the ground-truth policy ends each turn with.
 DONE_TEXT = "Done."
+#: Its answer in a turn whose ground truth has no call (BFCL expects the model to say it
+#: cannot: a function is withheld, or a parameter is missing).
+APOLOGY_TEXT = "Sorry, I cannot do that with the functions and information I have."
 
 
 def scripted_user(observation: str, info: Mapping[str, Any]) -> str | None:
@@ -105,7 +108,9 @@ class GroundTruthPolicy:
         else:
             turn = sum(1 for m in messages if m.get("role") == "user") - 1
         calls = self.answers[turn] if 0 <= turn < len(self.answers) else []
-        if (messages and messages[-1].get("role") == "tool") or not calls:
+        if not calls:
+            return {"content": APOLOGY_TEXT}
+        if messages and messages[-1].get("role") == "tool":
             return {"content": DONE_TEXT}
         offered = _tool_names(request)
         tool_calls = []
