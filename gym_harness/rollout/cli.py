@@ -636,14 +636,39 @@ def _signals_interrupt() -> Iterator[None]:
 def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
     if args.mode != "model":
+        if not args.policy:
+            return {}
         # Turn mode: the policy is the user, FN(reply, info) -> next message or None.
-        return {"policy": load_policy(args.policy)} if args.policy else {}
+        user = load_policy(args.policy)
+        if _takes_one_argument(user):
+            raise ConfigError(
+                f"--policy {args.policy} takes one argument, as a policy answering model calls "
+                "does: add --mode model (in turn mode --policy is the user, "
+                "FN(reply, info) -> the next message or None)"
+            )
+        return {"policy": user}
     if not args.policy:
         raise ConfigError("--mode model needs --policy pkg.module:fn (request dict -> action)")
     if args.max_steps < 1:
         raise ConfigError(f"--max-steps must be at least 1, got {args.max_steps}")
     kwargs["mode"] = "model"
     return {"policy": load_policy(args.policy), "max_steps": args.max_steps}
+
+
+def _takes_one_argument(fn: Callable[..., Any]) -> bool:
+    """``fn`` can be called with one positional argument and not with two."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    for count in (1, 2):
+        try:
+            signature.bind(*range(count))
+        except TypeError:
+            return count == 2
+    return False
 
 
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:
