@@ -268,3 +268,18 @@ def test_an_episode_refuses_to_fork(bfcl_env: MakeEnv) -> None:
     env.reset(options={"task_id": env.suite[0].id})
     with pytest.raises(ForkUnsupported, match="do not fork"):
         env.fork()
+
+
+def test_a_call_the_checker_could_not_read_safely_is_refused_unrecorded(
+    bfcl_env: MakeEnv,
+) -> None:
+    env = bfcl_env("base")
+    task = load_category("base")[1]
+    env.reset(options={"task_id": task.id})
+    hostile = env.call_tool("ls", {"a=__import__('os').getpid(), b": True})
+    assert hostile.is_error and "identifiers" in hostile.text
+    withheld = env.call_tool("cp", {"source": "a", "destination": "b"})  # excluded here
+    assert withheld.is_error and "not available" in withheld.text
+    assert env.backends.calls() == [[]]
+    assert not env.call_tool("ls", {"a": True}).is_error
+    assert env.backends.calls() == [["ls(a=True)"]]

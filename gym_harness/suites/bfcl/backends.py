@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import keyword
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,8 +41,9 @@ __all__ = ["Backends", "call_string", "tool_server"]
 _MODULES = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 #: Backends BFCL keeps without a scenario to load.
 _STATELESS = frozenset({"MathAPI"})
-#: Longest call string recorded (a call's arguments come from the harness).
-MAX_CALL_CHARS = 1 << 16
+#: Longest call string recorded; a longer call is refused (its arguments come from the
+#: harness, and BFCL's checker evaluates the string).
+MAX_CALL_CHARS = 1 << 20
 #: Calls recorded per turn at most; later ones still run, unrecorded (BFCL's inference
 #: stops a turn after 20 model steps).
 MAX_CALLS_PER_TURN = 256
@@ -137,12 +139,20 @@ class Backends:
         Returns:
             ``(text, is_error)``: the result as BFCL writes it, or why the call failed.
         """
+        # BFCL's checker evaluates the call string: only identifiers as argument names (the
+        # values are JSON, written as Python literals by repr).
+        bad = [k for k in arguments if not (k.isidentifier() and not keyword.iskeyword(k))]
+        if bad:
+            return f"Error: argument names must be identifiers, got {bad[:3]!r}.", True
+        text = call_string(name, arguments)
+        if len(text) > MAX_CALL_CHARS:
+            return f"Error: the call is over {MAX_CALL_CHARS} characters long.", True
         with self._lock:
             method = self._methods.get(name) if name in self._offer else None
             if method is None:
                 return f"Error: the function {name!r} is not available in this task now.", True
             if len(self._calls[self._turn]) < MAX_CALLS_PER_TURN:
-                self._calls[self._turn].append(call_string(name, arguments)[:MAX_CALL_CHARS])
+                self._calls[self._turn].append(text)
             try:
                 return result_text(method(**arguments)), False
             except Exception as exc:  # BFCL's executor reports a failed call the same way
