@@ -11,6 +11,13 @@ __all__ = ["register_envs"]
 _DATA = Path(__file__).resolve().parent / "data"
 _ENTRY = "gym_harness.env:HarnessEnv"
 _VECTOR = "gym_harness.vector.factory:make_vector_env"
+#: Envs whose entry points are not ``HarnessEnv``'s: id -> (entry point, vector entry point).
+_ENTRIES = {
+    "gym_harness/BFCL-v0": (
+        "gym_harness.suites.bfcl:BFCLEnv",
+        "gym_harness.suites.bfcl.vector:make_vector_env",
+    )
+}
 
 #: id -> (kwargs, max_episode_steps, nondeterministic)
 ENV_IDS: dict[str, tuple[dict[str, object], int | None, bool]] = {
@@ -31,6 +38,8 @@ ENV_IDS: dict[str, tuple[dict[str, object], int | None, bool]] = {
     "gym_harness/QwenCode-v0": ({"harness": "qwen_code"}, None, True),
     "gym_harness/GeminiCLI-v0": ({"harness": "gemini_cli"}, None, True),
     "gym_harness/ACP-v0": ({"harness": "acp"}, None, True),
+    # BFCL v4 multi-turn (gym_harness.suites.bfcl; needs the extra gym_harness[bfcl]).
+    "gym_harness/BFCL-v0": ({"category": "base", "harness": "reference"}, None, True),
 }
 
 
@@ -41,8 +50,8 @@ def register_envs() -> None:
             continue
         gymnasium.register(
             id=env_id,
-            entry_point=_ENTRY,
-            vector_entry_point=_VECTOR,
+            entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[0],
+            vector_entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[1],
             kwargs=kwargs,
             max_episode_steps=max_steps,
             nondeterministic=nondeterministic,

@@ -32,7 +32,8 @@ nothing in it (or a bare ``/done``) gets an empty response.
 so include ``/v1`` where the server wants it), ``--model`` (or ``OPENAI_MODEL``) and
 ``--api-key-env NAME`` (the variable holding the key, default ``OPENAI_API_KEY``; no
 key, no Authorization header). A ReAct loop with function calling over the bridge's
-tools: at most ``--max-tool-calls`` tool calls per turn (further calls are refused
+tools, listed afresh at each turn's start (an env may offer other tools from one turn to
+the next): at most ``--max-tool-calls`` tool calls per turn (further calls are refused
 and the model is asked to answer), history kept across turns, one ``llm_usage``
 event per model reply. A failing model endpoint gives an ``error`` event and a
 ``turn_complete`` carrying the error text; that turn is dropped from the history.
@@ -198,6 +199,7 @@ class OpenAIPolicy:
     def turn(self, content: str) -> None:
         """Run one turn: emit its events and the ``turn_complete`` line."""
         mark = len(self._messages)
+        self._functions = None  # listed afresh: the env may offer other tools this turn
         self._messages.append({"role": "user", "content": content})
         try:
             response = self._react()

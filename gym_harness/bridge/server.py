@@ -38,6 +38,7 @@ from gym_harness.bridge.tools import (
     LOCKED_TAG,
     ToolSpec,
     load_tools,
+    offered_names,
     resolve_tool_conflicts,
 )
 from gym_harness.errors import BridgeError, ConfigError
@@ -166,6 +167,7 @@ class MCPBridge(RotatingToken):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self._spec = tools
+        self._offered = offered_names(tools)
         self._builtin_names = frozenset(builtin_names)
         self._prefix = prefix
         self.tool_timeout_s = tool_timeout_s
@@ -247,13 +249,25 @@ class MCPBridge(RotatingToken):
         return token
 
     def list_tools(self) -> list[ToolSpec]:
-        """The served tools, under their served names (no HTTP, no running loop needed).
+        """The tools offered now, under their served names (no HTTP, no running loop
+        needed): all served tools, or those an ``OfferedTools`` spec offers at the moment.
 
         Raises:
             ConfigError, ToolConflictError: The tools cannot be loaded or named.
         """
         self._prepare()
-        return list(self._specs)
+        offered = self.offered()
+        return [spec for spec in self._specs if offered is None or spec.name in offered]
+
+    def offered(self) -> frozenset[str] | None:
+        """The served names offered now, or ``None`` when every served tool is."""
+        if self._offered is None:
+            return None
+        originals = self._offered()
+        if originals is None:
+            return None
+        wanted = frozenset(originals)
+        return frozenset(new for new, old in self._names.items() if old in wanted)
 
     def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolCallResult:
         """Call a served tool in-process for the env's orchestrator.
@@ -468,14 +482,16 @@ _SERVED_SERVER_CLASS: type[FastMCP] | None = None
 
 
 def _listing_watch(bridge: MCPBridge) -> Any:
-    """FastMCP middleware that sets ``bridge.tools_listed`` when a harness lists the tools."""
+    """FastMCP middleware that sets ``bridge.tools_listed`` when a harness lists the tools,
+    and keeps from the listing the tools an ``OfferedTools`` spec does not offer now."""
     from fastmcp.server.middleware import Middleware
 
     class ListingWatch(Middleware):
         async def on_list_tools(self, context: Any, call_next: Any) -> Any:
             result = await call_next(context)
             bridge.tools_listed = True
-            return result
+            offered = bridge.offered()
+            return result if offered is None else [t for t in result if t.name in offered]
 
     return ListingWatch()
 

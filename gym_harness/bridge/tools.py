@@ -8,6 +8,10 @@ An env's tools may be given three ways, all turned into one FastMCP server by
 * an import string ``"package.module:attr"`` naming either of the above, so an
   env rebuilt in a spawned vector worker can find its tools again.
 
+Any of these may be wrapped in :class:`OfferedTools` when the tools a harness is offered
+change from episode to episode or turn to turn (a suite whose tasks each use some of its
+tools): ``tools/list`` then shows only the tools its ``offered`` callable names.
+
 Marking. A tool carries FastMCP tags; three mean something here:
 
 * ``"internal"`` (:data:`INTERNAL_TAG`): for the env's own use, never served;
@@ -25,7 +29,7 @@ module is cheap.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,10 +42,12 @@ if TYPE_CHECKING:
 __all__ = [
     "INTERNAL_TAG",
     "LOCKED_TAG",
+    "OfferedTools",
     "RESERVED_TOOL_NAMES",
     "REWARD_TAG",
     "ToolSpec",
     "load_tools",
+    "offered_names",
     "resolve_tool_conflicts",
     "tool_tags",
 ]
@@ -77,6 +83,35 @@ class ToolSpec:
     def hidden(self) -> bool:
         """True when the tool is internal or part of the reward (never served)."""
         return bool(self.tags & HIDDEN_TAGS)
+
+
+@dataclass(frozen=True)
+class OfferedTools:
+    """Tools of which only some are offered at a time.
+
+    The bridge serves every tool of ``tools`` (a call of one is answered whatever the
+    offer), but its ``tools/list`` shows only those ``offered()`` names at the moment of
+    the listing, in their order on the server. A tool that must refuse calls while it is
+    not offered checks that itself.
+
+    Args:
+        tools: Anything :func:`load_tools` accepts.
+        offered: Called on the bridge's thread at each listing: the original names of the
+            tools offered now, or ``None`` for all of them. It must be quick and must not
+            raise; it reads state that another thread writes, so that state sits behind a
+            lock or is replaced whole.
+
+    Example:
+        >>> OfferedTools([add, word_count], lambda: {"add"})  # doctest: +SKIP
+    """
+
+    tools: Any
+    offered: Callable[[], Collection[str] | None]
+
+
+def offered_names(spec: Any) -> Callable[[], Collection[str] | None] | None:
+    """The ``offered`` callable of an :class:`OfferedTools` spec (``None`` for any other)."""
+    return spec.offered if isinstance(spec, OfferedTools) else None
 
 
 def tool_tags(*tags: str) -> Callable[[_F], _F]:
@@ -155,8 +190,8 @@ def load_tools(spec: Any) -> FastMCP:
 
     Args:
         spec: A ``fastmcp.FastMCP`` server; a list or tuple of plain callables (tag
-            them with :func:`tool_tags`); or an import string ``"package.module:attr"``
-            whose attribute is one of those two.
+            them with :func:`tool_tags`); an import string ``"package.module:attr"``
+            whose attribute is one of those two; or an :class:`OfferedTools` of one.
 
     Returns:
         The server (the same object when ``spec`` is already one).
@@ -167,6 +202,8 @@ def load_tools(spec: Any) -> FastMCP:
     """
     from fastmcp import FastMCP
 
+    if isinstance(spec, OfferedTools):
+        spec = spec.tools
     named = spec if isinstance(spec, str) else None
     if named is not None:
         spec = import_attr(named, "tools")

@@ -342,7 +342,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PKG.MOD:FN",
         help="with --mode model: FN(request dict) -> action str or dict, for each model call; "
         f"or {CHAT_COMPLETIONS}: forward each call to an OpenAI-compatible server (with "
-        "--policy-url and --policy-model) (default: none; --mode model needs one)",
+        "--policy-url and --policy-model); --mode model needs one. With --mode turns: "
+        "FN(reply, info) -> the next user message or None, after each turn, e.g. "
+        "gym_harness.suites.bfcl:scripted_user (default: none; turns then send --follow-up)",
     )
     roll.add_argument(
         "--policy-url",
@@ -670,9 +672,27 @@ def _signals_interrupt() -> Iterator[None]:
 def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
     if args.mode != "model":
-        if args.policy:
-            raise ConfigError("--policy answers model calls: add --mode model")
-        return {}
+        given = [
+            flag
+            for flag in ("policy_url", "policy_model", "policy_key_env", "policy_set")
+            if getattr(args, flag)
+        ]
+        if given:
+            flags = ", ".join("--" + flag.replace("_", "-") for flag in given)
+            raise ConfigError(f"{flags} configure --policy {CHAT_COMPLETIONS}: add --mode model")
+        if not args.policy:
+            return {}
+        if args.policy == CHAT_COMPLETIONS:
+            raise ConfigError(f"--policy {CHAT_COMPLETIONS} answers model calls: add --mode model")
+        # Turn mode: the policy is the user, FN(reply, info) -> next message or None.
+        user = load_policy(args.policy)
+        if _takes_one_argument(user):
+            raise ConfigError(
+                f"--policy {args.policy} takes one argument, as a policy answering model calls "
+                "does: add --mode model (in turn mode --policy is the user, "
+                "FN(reply, info) -> the next message or None)"
+            )
+        return {"policy": user}
     if not args.policy:
         raise ConfigError(
             "--mode model needs --policy pkg.module:fn (request dict -> action), or "
@@ -715,6 +735,22 @@ def _policy(args: argparse.Namespace) -> Policy:
         )
     except TypeError as exc:  # a setting given twice (e.g. model=...)
         raise ConfigError(f"--policy-set: {exc}") from exc
+
+
+def _takes_one_argument(fn: Callable[..., Any]) -> bool:
+    """``fn`` can be called with one positional argument and not with two."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    for count in (1, 2):
+        try:
+            signature.bind(*range(count))
+        except TypeError:
+            return count == 2
+    return False
 
 
 def _add_exchanges(record: dict[str, Any], args: argparse.Namespace) -> None:

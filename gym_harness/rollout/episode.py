@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_N",
     "DEFAULT_SEED",
     "Policy",
+    "UserPolicy",
     "answer_calls",
     "load_policy",
     "policy_action",
@@ -43,6 +44,9 @@ DEFAULT_MAX_STEPS = 100
 #: Model mode: ``policy(request) -> action``; the request is the observation as a dict, the
 #: action a str or a dict (sent as its JSON text). See the README's "You are the model".
 Policy = Callable[[dict[str, Any]], "str | Mapping[str, Any]"]
+#: Turn mode: ``user(reply, info) -> message``, the next user message after a turn, or
+#: ``None`` to end the episode (a suite's scripted user, such as BFCL's).
+UserPolicy = Callable[[str, dict[str, Any]], "str | None"]
 
 
 def run_episode(
@@ -54,14 +58,16 @@ def run_episode(
     index: int = 0,
     max_turns: int = DEFAULT_MAX_TURNS,
     follow_up: str = DEFAULT_FOLLOW_UP,
-    policy: Policy | str | None = None,
+    policy: Policy | UserPolicy | str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> dict[str, Any]:
     """Run one episode of ``task``: the prompt, then ``follow_up`` until it ends.
 
-    With ``policy`` (an env made with ``mode="model"``), each step's action is instead
+    With ``policy`` and an env made with ``mode="model"``, each step's action is instead
     ``policy(request)`` for the model call the observation holds, until the episode ends
-    (more user turns come from the env's ``user_fn``).
+    (more user turns come from the env's ``user_fn``). With ``policy`` in turn mode, each
+    turn after the first sends ``policy(reply, info)`` (a :data:`UserPolicy`; ``None``
+    ends the episode), at most ``max_turns`` turns.
 
     Args:
         env: A harness env (``gymnasium.make`` of a gym_harness id, wrappers allowed).
@@ -72,7 +78,8 @@ def run_episode(
         max_turns: At most this many turns; the rollout then stops the episode.
         follow_up: The message of every turn after the first.
         policy: Model mode: ``policy(request: dict) -> str | dict`` (a dict is sent as
-            its JSON text), or its import string ``"pkg.module:fn"``.
+            its JSON text); turn mode: ``policy(reply, info) -> str | None``, the next
+            user message; or its import string ``"pkg.module:fn"``.
         max_steps: Model mode: at most this many steps (model calls answered); the
             episode is then cut and scored as truncated (``ctx.cause == "max_steps"``).
 
@@ -90,21 +97,25 @@ def run_episode(
     """
     started = time.monotonic()
     prompt, _ = env.reset(seed=seed, options={"task": task})
-    if policy is not None:
+    user: UserPolicy | None = None
+    if policy is not None and HarnessEnv.of(env).config.mode == "model":
         answer_calls(env, prompt, load_policy(policy), max_steps)
     else:
-        message = prompt
+        user = None if policy is None else cast(UserPolicy, load_policy(policy))
+        message: str | None = prompt
         for _ in range(max_turns):
-            _, _, terminated, truncated, _ = env.step(message)
+            reply, _, terminated, truncated, info = env.step(message or "")
             if terminated or truncated:
                 break
-            message = follow_up
+            message = follow_up if user is None else user(reply, info)
+            if message is None:
+                break
     return HarnessEnv.of(env).trajectory.to_record(
         env_id=env_id, index=index, seed=seed, total_s=time.monotonic() - started
     )
 
 
-def load_policy(policy: Policy | str) -> Policy:
+def load_policy(policy: Policy | UserPolicy | str) -> Policy:
     """``policy`` itself, or the callable its import string ``"pkg.module:fn"`` names.
 
     Raises:

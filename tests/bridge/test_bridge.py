@@ -24,7 +24,7 @@ from support import sample_tools
 from support.gate import Gate
 
 from gym_harness.bridge.server import MCPBridge
-from gym_harness.bridge.tools import INTERNAL_TAG, LOCKED_TAG, REWARD_TAG
+from gym_harness.bridge.tools import INTERNAL_TAG, LOCKED_TAG, REWARD_TAG, OfferedTools
 from gym_harness.errors import ConfigError, ToolConflictError
 from gym_harness.lifecycle import Lifecycle
 
@@ -170,6 +170,32 @@ def test_builtin_clash_is_renamed_by_the_bridge_itself() -> None:
     assert bridge.call_tool("env_read", {"path": "/b"}).text == "contents of /b"
     with pytest.raises(ToolConflictError, match="taken"):
         MCPBridge([read], builtin_names={"read", "x_read"}, prefix="x_").list_tools()
+
+
+def test_offered_tools_list_only_what_is_offered_at_each_listing() -> None:
+    def read(path: str) -> str:
+        """Clashes with a harness built-in; served as env_read."""
+        return f"contents of {path}"
+
+    offer: list[set[str] | None] = [{"echo"}]
+    spec = OfferedTools([read, sample_tools.echo, sample_tools.add], lambda: offer[0])
+    bridge = MCPBridge(spec, builtin_names={"read"})
+
+    async def listed() -> list[str]:
+        async with _client(bridge) as client:
+            return [t.name for t in await client.list_tools()]
+
+    with bridge:
+        assert [t.name for t in bridge.list_tools()] == ["echo"]
+        assert asyncio.run(listed()) == ["echo"]
+        offer[0] = {"add", "read"}  # by original name; the listing shows the served one
+        assert asyncio.run(listed()) == ["env_read", "add"]
+        offer[0] = None
+        assert asyncio.run(listed()) == ["env_read", "echo", "add"]
+        offer[0] = set()
+        assert asyncio.run(listed()) == []
+        # The offer governs listings only: a tool that must refuse calls checks it itself.
+        assert bridge.call_tool("add", {"a": 1, "b": 2}).text == "3"
 
 
 def test_twenty_concurrent_calls() -> None:

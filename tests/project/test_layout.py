@@ -41,7 +41,18 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("modes",),
     ("fork",),
     ("env", "spaces"),
-    ("vector", "rollout", "training", "verl", "registration", "openenv", "policies", "", "__main__"),
+    (
+        "vector",
+        "rollout",
+        "training",
+        "verl",
+        "registration",
+        "openenv",
+        "policies",
+        "suites",
+        "",
+        "__main__",
+    ),
 )
 #: A module longer than this is named in its part's docstring with why it is one job.
 LONG_MODULE = 600
@@ -62,8 +73,10 @@ HANDED_OUT_FOR_WRITING: frozenset[tuple[str, str]] = frozenset(
 MODEL_MODE = ("gym_harness.model", "gym_harness.modes")
 #: Parts above the env: the only importers of ``gym_harness.env``, with the public surface
 #: (the root package, and the registration that names the env as gymnasium's entry point).
+#: ``suites/`` builds envs of real benchmarks on it.
 ABOVE_ENV = (
     "gym_harness.rollout",
+    "gym_harness.suites",
     "gym_harness.vector",
     "gym_harness.registration",
     "gym_harness.openenv",
