@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_harness.errors import ForkUnsupported
+from gym_harness.errors import ForkFailed, ForkUnsupported, HarnessStartError
 from gym_harness.fork.parent import Forkable, Inherited, Parent
 from gym_harness.harnesses.base import ForkOrigin
 from gym_harness.utils.trees import tree_bytes
@@ -43,7 +43,8 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
             message names it and what it lacks), or the episode's workspace and home
             hold more than ``max_fork_bytes``; nothing started.
         ForkFailed: The copy of the workspace and home stopped (the message says where
-            and why); the child was closed.
+            and why), or the child's episode directories could not be made (a full
+            disk); the child was closed.
     """
     started = time.monotonic()
     before = parent.trajectory
@@ -60,6 +61,9 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
     child, adopt = parent.spawn(Inherited(parent.user_fn, before, len(before.turns), origin))
     try:  # an env starts nothing before its reset; its first launch resumes ``origin``
         _, info = child.reset(options=parent.options)
+    except HarnessStartError as exc:  # its directories could not be made (a full disk)
+        child.close()
+        raise ForkFailed(f"could not make the fork's episode: {exc.message}") from exc
     except BaseException:
         child.close()
         raise
