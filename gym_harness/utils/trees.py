@@ -235,6 +235,8 @@ class _Copy:
                 f"{where} became a symbolic link while it was copied (the harness replaced "
                 "it); a fork never follows a link"
             )
+        elif exc.errno == errno.EINVAL and self.kind == "link":  # readlink of a non-link
+            why = f"{where} was replaced while it was copied (the harness made it anew)"
         elif exc.errno in _NO_SPACE:
             why = (
                 f"the disk ran out of space copying {where} ({exc.strerror}): free space on "

@@ -1,8 +1,10 @@
 """A tree that changes while a fork copies it: the stand-in for a parent's busy harness.
 
-``churned_tree`` lays out a tree the ``scripts/churn.py`` process knows how to churn, with
-a secret outside it; ``churning`` runs that process (a real one, on another core from the
-copy) for the length of a ``with`` block and stops it by its pid.
+``churning`` runs ``scripts/churn.py`` (a real process, racing the copy from another
+core) on a tree for the length of a ``with`` block and stops it by its pid;
+``churning_agent`` is the argv of the same script as a line-protocol harness that
+churns its own workspace after its first turn. Both swap directories for links to a
+directory holding :data:`SECRET` (``secret_outside``), which no copy may ever hold.
 """
 
 from __future__ import annotations
@@ -13,35 +15,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from support import SUPPORT
+from support import CHURN_SCRIPT
 
-__all__ = ["SECRET", "churned_tree", "churning"]
+__all__ = ["SECRET", "churning", "churning_agent", "secret_outside"]
 
 #: What the file outside the tree holds; a copy must never hold it.
 SECRET = b"the parent's hidden answer: 42"
-CHURN_SCRIPT = SUPPORT / "scripts" / "churn.py"
 
 
-def churned_tree(root: Path, outside: Path, *, swaps: int = 8) -> None:
-    """Fill ``root`` (made if missing) and make ``outside`` with the secret in it:
-    ``swap0``... (directories of 10 files the churn trades for links to ``outside``),
-    ``tmp/`` (20 files it deletes and rewrites) and ``grow.bin`` (empty; it grows)."""
-    outside.mkdir()
+def secret_outside(tmp_path: Path) -> Path:
+    """``tmp_path/outside`` (made if missing), holding ``answer.txt`` with the secret."""
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
     (outside / "answer.txt").write_bytes(SECRET)
-    for n in range(swaps):
-        (root / f"swap{n}").mkdir(parents=True)
-        for m in range(10):
-            (root / f"swap{n}" / f"s{m}").write_bytes(b"s" * 100)
-    (root / "tmp").mkdir(parents=True, exist_ok=True)
-    for m in range(20):
-        (root / "tmp" / f"t{m}").write_bytes(b"t" * 100)
-    (root / "grow.bin").write_bytes(b"")
+    return outside
 
 
 @contextmanager
 def churning(root: Path, outside: Path, grow_bytes: int) -> Iterator[None]:
-    """Churn ``root`` (laid out by ``churned_tree``) until the block ends; the block
-    starts once the first round is done."""
+    """Lay out ``root`` (which must not exist) and churn it until the block ends; the
+    block starts once the layout is done. ``grow.bin`` grows by ``grow_bytes`` a round."""
     argv = [sys.executable, str(CHURN_SCRIPT), str(root), str(outside), str(grow_bytes)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
@@ -54,3 +47,11 @@ def churning(root: Path, outside: Path, grow_bytes: int) -> Iterator[None]:
         proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def churning_agent(outside: Path, grow_bytes: int, tmp_files: int = 20) -> list[str]:
+    """The command of a forkable line-protocol harness that churns its workspace (as
+    ``churning`` does, deleting and writing ``tmp_files`` files a round) from its first
+    answer on, for as long as it runs."""
+    script = str(CHURN_SCRIPT)
+    return [sys.executable, script, "--agent", str(outside), str(grow_bytes), str(tmp_files)]

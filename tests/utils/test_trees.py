@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.churn import SECRET, churned_tree, churning
+from support.churn import SECRET, churning, secret_outside
 
 from gym_harness import ForkFailed
 from gym_harness.utils.trees import MAX_DEPTH, copy_tree, tree_bytes
@@ -44,14 +44,6 @@ def walk(root: Path) -> Iterator[tuple[str, str, bytes]]:
 def held(root: Path) -> int:
     """Bytes of file content under ``root``."""
     return sum(len(content) for _, kind, content in walk(root) if kind == "file")
-
-
-def secret_outside(tmp_path: Path) -> Path:
-    """A directory outside every copied tree, with a file the copy must never hold."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "answer.txt").write_bytes(SECRET)
-    return outside
 
 
 def open_fds() -> int:
@@ -177,14 +169,14 @@ CAUSES = {
     "link": "became a symbolic link while it was copied",
     "vanished": "vanished while it was copied",
     "bound": "grew past max_fork_bytes=50000 bytes",
+    "replaced": "was replaced while it was copied",  # a link, now a directory again
 }
 
 
 def test_a_copy_raced_by_a_churning_harness_follows_no_link_and_holds_no_more(
     tmp_path: Path,
 ) -> None:
-    source, outside, limit = tmp_path / "workspace", tmp_path / "outside", 50_000
-    churned_tree(source, outside)
+    source, outside, limit = tmp_path / "workspace", secret_outside(tmp_path), 50_000
     seen = dict.fromkeys([*CAUSES, "whole"], 0)
     fds = open_fds()
     with churning(source, outside, limit + 1):
@@ -201,10 +193,10 @@ def test_a_copy_raced_by_a_churning_harness_follows_no_link_and_holds_no_more(
             assert not any(SECRET in content for _, kind, content in copied if kind == "file")
             assert not any(where.endswith("answer.txt") for where, _, _ in copied)
             assert held(target) <= limit
-            if all(seen.values()):
+            if all(seen[key] for key in ("link", "vanished", "bound", "whole")):
                 break
     assert open_fds() == fds
-    assert all(seen.values()), seen
+    assert all(seen[key] for key in ("link", "vanished", "bound", "whole")), seen
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
