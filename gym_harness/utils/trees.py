@@ -7,7 +7,8 @@ by directory file descriptors, never by path: each entry is looked at with
 O_NOFOLLOW)``, so no symbolic link is followed at any depth. A link is copied as a link
 (the harness made it; the child's sandbox decides what it may reach); a directory or
 file that becomes a link between the look and the open is never entered, and the copy
-fails. Sockets, FIFOs and devices are skipped.
+fails. Sockets, FIFOs and devices are skipped; a file's set-user-ID and set-group-ID bits
+are not copied.
 
 :func:`tree_bytes` sizes trees (a quick refusal before anything starts; entries that
 vanish meanwhile are not counted). :func:`copy_tree` counts the bytes as it copies them
@@ -136,8 +137,8 @@ def _empty(target: Path) -> None:
                 os.unlink(entry.path)
 
 
-def _same_metadata(source: os.stat_result, fd: int) -> None:
-    os.chmod(fd, stat.S_IMODE(source.st_mode))
+def _same_metadata(source: os.stat_result, fd: int, mode: int | None = None) -> None:
+    os.chmod(fd, stat.S_IMODE(source.st_mode) if mode is None else mode)
     os.utime(fd, ns=(source.st_atime_ns, source.st_mtime_ns))
 
 
@@ -189,10 +190,11 @@ class _Copy:
             status = os.fstat(reader)
             if not stat.S_ISREG(status.st_mode):
                 return  # became a FIFO, socket or device meanwhile: skipped, as those are
-            writer = os.open(name, _NEW_FILE, stat.S_IMODE(status.st_mode), dir_fd=dst)
+            mode = stat.S_IMODE(status.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
+            writer = os.open(name, _NEW_FILE, mode, dir_fd=dst)
             try:
                 self._content(reader, writer)
-                _same_metadata(status, writer)
+                _same_metadata(status, writer, mode)
             finally:
                 os.close(writer)
         finally:

@@ -57,6 +57,8 @@ def test_a_hostile_tree_is_copied_with_no_link_followed(tmp_path: Path) -> None:
     (source / "a.txt").write_bytes(b"a" * 10)
     (source / "sub" / "b.txt").write_bytes(b"b" * 20)
     os.chmod(source / "sub" / "b.txt", 0o640)
+    (source / "suid").write_bytes(b"x")
+    os.chmod(source / "suid", 0o6755)  # the child gets no set-user-ID or set-group-ID file
     os.symlink(".", source / "loop")  # a loop to itself
     os.symlink("ring2", source / "ring1")  # a loop of two
     os.symlink("ring1", source / "ring2")
@@ -74,7 +76,7 @@ def test_a_hostile_tree_is_copied_with_no_link_followed(tmp_path: Path) -> None:
     (deep / "bottom.txt").write_bytes(b"bottom")
     fds = open_fds()
     target = tmp_path / "child"
-    assert copy_tree(source, target, limit=1000) == 36
+    assert copy_tree(source, target, limit=1000) == 37
     assert open_fds() == fds
     copied = {where: (kind, content) for where, kind, content in walk(target)}
     expected = {
@@ -87,8 +89,9 @@ def test_a_hostile_tree_is_copied_with_no_link_followed(tmp_path: Path) -> None:
     assert copied["loop"] == ("link", b".")
     assert not any(SECRET in content for kind, content in copied.values() if kind == "file")
     assert stat.S_IMODE((target / "sub" / "b.txt").stat().st_mode) == 0o640
-    assert tree_bytes([source], 1000) == 36
-    assert 25 < tree_bytes([source, tmp_path / "missing"], 25) < 36  # stops past the bound
+    assert stat.S_IMODE((target / "suid").stat().st_mode) == 0o755
+    assert tree_bytes([source], 1000) == 37
+    assert 25 < tree_bytes([source, tmp_path / "missing"], 25) < 37  # stops past the bound
 
 
 def test_a_tree_deeper_than_the_bound_fails_and_names_where(tmp_path: Path) -> None:
