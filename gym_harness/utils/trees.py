@@ -46,7 +46,7 @@ _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: ``copy_file_range`` cannot copy between these two files: read and write instead.
 _NO_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
-_BECAME_LINK = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
+_BECAME_LINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -172,7 +172,13 @@ class _Copy:
     def _subdirectory(self, src: int, dst: int, name: str, mode: int, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise _Nested(self.at)
-        below = os.open(name, _DIR, dir_fd=src)
+        try:
+            below = os.open(name, _DIR, dir_fd=src)
+        except OSError as exc:
+            now = os.stat(name, dir_fd=src, follow_symlinks=False).st_mode
+            if exc.errno == errno.ENOTDIR and not stat.S_ISLNK(now):
+                raise _Replaced(self.at) from exc  # by a file, say
+            raise
         try:
             os.mkdir(name, stat.S_IMODE(mode) | stat.S_IRWXU, dir_fd=dst)
             there = os.open(name, _DIR, dir_fd=dst)
@@ -237,7 +243,7 @@ class _Copy:
                 f"{where} became a symbolic link while it was copied (the harness replaced "
                 "it); a fork never follows a link"
             )
-        elif exc.errno == errno.EINVAL and self.kind == "link":  # readlink of a non-link
+        elif isinstance(exc, _Replaced) or (exc.errno == errno.EINVAL and self.kind == "link"):
             why = f"{where} was replaced while it was copied (the harness made it anew)"
         elif exc.errno in _NO_SPACE:
             why = (
@@ -251,6 +257,10 @@ class _Copy:
 
 class _Over(OSError):
     """The bound was reached with more of a file to copy."""
+
+
+class _Replaced(OSError):
+    """An entry that is no longer of the type it was when it was looked at (not a link)."""
 
 
 class _Nested(OSError):
