@@ -298,7 +298,8 @@ class HarnessEnv(gymnasium.Env[str, str]):
         """A new env in this episode's state, which goes on undisturbed (README, "Forking").
 
         Returns ``(child, observation, info)`` as ``reset`` does, ``info["fork"]`` saying how;
-        raises ``ResetNeeded`` (no running episode), ``ForkUnsupported`` or ``ForkDiverged``.
+        raises ``ResetNeeded`` (no running episode) or a ``ForkError`` (``ForkUnsupported``,
+        ``ForkDiverged``, ``ForkFailed``: no child, and this episode goes on).
         """
         from gym_harness.fork import Parent, fork_episode
 

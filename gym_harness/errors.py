@@ -14,8 +14,10 @@ worker's exception in the parent as ``type(exc)(value)``)::
     ├── ToolConflictError      env tools clash (reserved, duplicate, unresolvable)
     ├── CaptureError           the model proxy could not start or forward
     ├── CallbackError          the user's on_event callback raised (the turn was kept)
-    ├── ForkUnsupported        the harness (or this episode) has no way to fork; nothing started
-    ├── ForkDiverged           a replayed fork's harness asked otherwise than the parent's had
+    ├── ForkError              ``HarnessEnv.fork`` made no child; the parent goes on
+    │   ├── ForkUnsupported    the harness (or this episode) has no way to fork; nothing started
+    │   ├── ForkDiverged       a replayed fork's harness asked otherwise than the parent's had
+    │   └── ForkFailed         the copy of a turn-mode episode's workspace and home failed
     ├── PolicyError            a model-mode policy could not answer (its model server failed)
     └── WorkerLost             a vector worker or Ray actor died (``index`` names the sub-env)
 
@@ -35,6 +37,8 @@ __all__ = [
     "ConfigError",
     "EndpointError",
     "ForkDiverged",
+    "ForkError",
+    "ForkFailed",
     "ForkUnsupported",
     "HarnessCrashed",
     "HarnessError",
@@ -138,14 +142,27 @@ class PolicyError(HarnessError):
     """
 
 
-class ForkUnsupported(HarnessError):
+class ForkError(HarnessError):
+    """``HarnessEnv.fork`` made no child (the subclass says why); the parent episode goes
+    on as it was. A grouped rollout records each as a ``fork_failed`` record."""
+
+
+class ForkUnsupported(ForkError):
     """``HarnessEnv.fork`` cannot fork this episode: the message names the harness and what it
     lacks (a way to resume a copy of its session, a record, room under ``max_fork_bytes``)."""
 
 
-class ForkDiverged(HarnessError):
+class ForkDiverged(ForkError):
     """With ``fork(strict=True)``, a replayed model request differed from the parent's (the
     message says which call and what differed); the child was closed."""
+
+
+class ForkFailed(ForkError):
+    """A turn-mode fork could not copy the parent's workspace and home, which its harness
+    may change meanwhile; the child was closed. The message names the entry and the cause:
+    the tree grew past ``max_fork_bytes`` during the copy (the child never held more), an
+    entry vanished or became a link (no link is ever followed), the disk is full, or the
+    tree is nested too deep."""
 
 
 class WorkerLost(HarnessError):

@@ -8,6 +8,12 @@ harness's own mechanism (its adapter's ``Harness.fork_session`` says what that n
 episode whose directories hold more than ``max_fork_bytes``, raises ``ForkUnsupported``
 before anything starts.
 
+The parent's harness is not paused for the copy: between turns it waits for its next
+message, and whatever it does meanwhile the copy is safe (``utils/trees.py``: no link
+followed at any depth, at most ``max_fork_bytes`` copied, counted as they are). A copy
+that cannot finish (the tree grew past the bound, an entry vanished or became a link,
+a full disk) raises ``ForkFailed`` with the cause, and the child is closed.
+
 Threads: the caller's thread only.
 """
 
@@ -17,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_harness.errors import ForkUnsupported
+from gym_harness.errors import ForkFailed, ForkUnsupported, HarnessStartError
 from gym_harness.fork.parent import Forkable, Inherited, Parent
 from gym_harness.harnesses.base import ForkOrigin
 from gym_harness.utils.trees import tree_bytes
@@ -36,6 +42,9 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
         ForkUnsupported: The harness has no way to resume a copy of its session (the
             message names it and what it lacks), or the episode's workspace and home
             hold more than ``max_fork_bytes``; nothing started.
+        ForkFailed: The copy of the workspace and home stopped (the message says where
+            and why), or the child's episode directories could not be made (a full
+            disk); the child was closed.
     """
     started = time.monotonic()
     before = parent.trajectory
@@ -48,10 +57,13 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
             f"max_fork_bytes={limit} bytes (at least {size}), which a fork of it would "
             "copy: raise max_fork_bytes, or fork in mode='model' (replay copies nothing)."
         )
-    origin = ForkOrigin(before.episode_id, directory, state)
+    origin = ForkOrigin(before.episode_id, directory, state, limit)
     child, adopt = parent.spawn(Inherited(parent.user_fn, before, len(before.turns), origin))
     try:  # an env starts nothing before its reset; its first launch resumes ``origin``
         _, info = child.reset(options=parent.options)
+    except HarnessStartError as exc:  # its directories could not be made (a full disk)
+        child.close()
+        raise ForkFailed(f"could not make the fork's episode: {exc.message}") from exc
     except BaseException:
         child.close()
         raise

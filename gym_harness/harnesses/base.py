@@ -32,6 +32,7 @@ Once per episode the env:
 from __future__ import annotations
 
 import copy
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from gym_harness.config import HarnessConfig
-from gym_harness.errors import ForkUnsupported, HarnessStartError
+from gym_harness.errors import ForkFailed, ForkUnsupported
 from gym_harness.records.calls import SIDE_MODEL
 from gym_harness.records.events import HarnessEvent
 from gym_harness.utils.trees import copy_tree
@@ -71,11 +72,14 @@ class ForkOrigin:
         directory: The parent episode's directory (``workspace/`` and ``home/`` in it).
         session: What the parent's session said a fork needs (``Harness.fork_session``:
             the CLI's session id ...).
+        max_bytes: Most bytes of file content the copy of the workspace and home holds
+            (the env's ``max_fork_bytes``); ``None``: no bound.
     """
 
     episode_id: str
     directory: Path
     session: Mapping[str, str] = field(default_factory=dict)
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -275,17 +279,27 @@ class Harness(ABC):
 
     def resume_copy(self, ctx: EpisodeContext) -> ForkOrigin | None:
         """In ``launch``, first: make ``ctx``'s workspace and home copies of the parent's
-        (a forked launch; the adapter's own config files are then written over them)."""
+        (a forked launch; the adapter's own config files are then written over them).
+
+        The parent's harness is not paused: it is idle between turns, and whatever it
+        does meanwhile, the copy follows no link and holds at most ``origin.max_bytes``
+        (``utils/trees.py``).
+
+        Raises:
+            ForkFailed: The copy stopped (the tree grew past the bound, an entry vanished
+                or became a link, the disk is full): the message says where and why.
+        """
         origin = self.fork_origin
         if origin is not None:
+            limit = sys.maxsize if origin.max_bytes is None else origin.max_bytes
             try:
-                copy_tree(origin.directory / "workspace", ctx.workspace)
-                copy_tree(origin.directory / "home", ctx.home)
-            except OSError as exc:  # a full disk, most likely: say so, never a bare OSError
-                raise HarnessStartError(
-                    f"could not copy the parent's workspace and home for a fork: {exc}. "
-                    "Free space on the disk that holds the workspaces, or point TMPDIR at "
-                    "a larger one."
+                held = copy_tree(origin.directory / "workspace", ctx.workspace, limit=limit)
+                copy_tree(origin.directory / "home", ctx.home, limit=limit, copied=held)
+            except ForkFailed as exc:
+                raise ForkFailed(
+                    f"could not copy episode {origin.episode_id}'s workspace and home for a "
+                    f"fork: {exc.message}. No child was made; the parent goes on. Fork again, "
+                    "or fork in mode='model' (replay copies nothing)."
                 ) from exc
         return origin
 

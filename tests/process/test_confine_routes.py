@@ -24,7 +24,7 @@ import pytest
 from support import SUPPORT
 from support.process import wait_gone
 
-from gym_harness import ConfigError, HarnessEnv, HarnessStartError, Outcome
+from gym_harness import ConfigError, ForkFailed, HarnessEnv, HarnessStartError, Outcome
 
 ESCAPER = str(SUPPORT / "scripts" / "escaper.py")
 TIERS = ["auto", "strict"]
@@ -318,8 +318,8 @@ def test_a_full_disk_at_a_fork_is_a_clear_error(tmp_path: Path) -> None:
         try:
             env.reset()
             assert attempt(env, "env", "HOME")[0]
-            full = r"(episode's directories|parent's workspace).*(No space left|disk .* is full)"
-            with pytest.raises(HarnessStartError, match=full):
+            full = r"(episode's directories|workspace and home).*(No space left|disk .* is full)"
+            with pytest.raises(ForkFailed, match=full):
                 HarnessEnv.of(env).fork()
         finally:
             env.close()

@@ -7,6 +7,7 @@
 * ``gate``: a tool body that blocks until the test releases it.
 * ``policies``: policies for model-mode rollouts.
 * ``signals``: Ctrl-C in started processes whatever SIGINT disposition the run inherited.
+* ``churn``: a tree that changes while a fork copies it (a process, or a harness).
 * ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use
   the path constants below, never a path of your own.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "CHURN_SCRIPT",
     "CONFINED_PROBE",
     "HARNESS_SCRIPT",
     "HOSTILE_SCRIPT",
@@ -49,3 +51,5 @@ LIGHT_MODEL_AGENT = SUPPORT / "scripts" / "light_model_agent.py"
 #: A line-protocol harness making one side call and one main Chat Completions call per
 #: message (``plain``: not streamed); it reports the answers' bytes (token-capture tests).
 TOKEN_AGENT = SUPPORT / "scripts" / "token_agent.py"
+#: Churns a tree (or, with ``--agent``, its workspace as a forkable harness): ``support.churn``.
+CHURN_SCRIPT = SUPPORT / "scripts" / "churn.py"
