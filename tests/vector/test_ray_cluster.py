@@ -189,12 +189,16 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    """A head node, started, and this process connected to it as the driver."""
+def cluster() -> Iterator[Cluster]:
+    """A head node, started, and this process connected to it as the driver (with the
+    cluster's token: Ray reads ``RAY_AUTH_MODE`` into its config when first imported, so
+    the driver's config is read again once the variables are set, and after they are
+    put back)."""
     made = Cluster()
-    for key, value in made.env_vars.items():
-        monkeypatch.setenv(key, value)  # the driver is a node's process too
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    saved = {key: os.environ.get(key) for key in [*made.env_vars, "RAY_ADDRESS"]}
+    os.environ.update(made.env_vars)
+    os.environ.pop("RAY_ADDRESS", None)
+    ray._raylet.Config.initialize("")
     try:
         made.start("head")
         connect(made.address)
@@ -202,6 +206,12 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     finally:
         shutdown()
         made.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        ray._raylet.Config.initialize("")
 
 
 def removed(path: Path, timeout_s: float = 30.0) -> bool:
