@@ -177,23 +177,25 @@ def test_an_answer_past_policy_timeout_is_in_no_row() -> None:
 
 @pytest.mark.timeout(120)
 def test_wait_for_completion_returns_when_its_timeout_runs_out() -> None:
-    """The turn never ends and the harness ignores SIGTERM (stop_grace_s=30): the timeout
-    is raised while it still runs, so the stop grace was not waited for; close ends it."""
+    """The turn never ends and the harness ignores SIGTERM: ``wait_for_completion(2)``
+    raises while the harness still runs, so no part of the stop grace (3 s, after which
+    the harness is SIGKILLed) was waited for; ``close`` then ends it. A wait that added
+    the grace would return with the harness gone."""
     factory = HarnessSessionFactory(
         {"harness": "command"},
         command=[sys.executable, str(HARNESS_SCRIPT), "ignore_term"],
         allow_plain_text=True,
-        stop_grace_s=30.0,
+        stop_grace_s=3.0,
         turn_timeout_s=600,
     )
     session = factory.create({"id": "t", "prompt": "hello"})
     try:
         assert session.env.process is not None
         harness = psutil.Process(session.env.process.pid)
-        with pytest.raises(TimeoutError, match=r"wait_for_completion\(timeout_s=1"):
-            session.wait_for_completion(timeout_s=1)
+        with pytest.raises(TimeoutError, match=r"wait_for_completion\(timeout_s=2"):
+            session.wait_for_completion(timeout_s=2)
         assert harness.is_running()  # not stopped yet: the timeout did not wait for it
-        assert session.wait_for_completion(timeout_s=1) == 1  # ended: its code
+        assert session.wait_for_completion(timeout_s=2) == 1  # ended: its code, at once
         assert session.fetch_training_trace().turns == []
         assert session.verify([]).env_reward is None  # no turn ended: unscored
     finally:
