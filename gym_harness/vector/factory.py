@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -28,10 +29,16 @@ __all__ = ["make_vector_env"]
 _FORKSERVER_PRELOAD = "gym_harness.vector.forkserver_preload"
 
 
-def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
-    from gym_harness.env import HarnessEnv
+def _make_one(
+    env_kwargs: dict[str, Any],
+    max_episode_steps: int | None,
+    env_class: Callable[..., gymnasium.Env[Any, Any]] | None,
+) -> gymnasium.Env[Any, Any]:
+    if env_class is None:
+        from gym_harness.env import HarnessEnv
 
-    env: gymnasium.Env[Any, Any] = HarnessEnv(**env_kwargs)
+        env_class = HarnessEnv
+    env: gymnasium.Env[Any, Any] = env_class(**env_kwargs)
     if max_episode_steps is not None:
         env = gymnasium.wrappers.TimeLimit(env, max_episode_steps)
     return env
@@ -43,6 +50,7 @@ def make_vector_env(
     max_episode_steps: int | None = None,
     context: str | None = None,
     close_timeout_s: float = CLOSE_TIMEOUT_S,
+    env_class: Callable[..., gymnasium.Env[Any, Any]] | None = None,
     **env_kwargs: Any,
 ) -> HarnessVectorEnv:
     """Build a ``HarnessVectorEnv`` (an ``AsyncVectorEnv``) of ``num_envs`` ``HarnessEnv``s.
@@ -53,7 +61,9 @@ def make_vector_env(
         context: The multiprocessing start method (``"spawn"``, ``"forkserver"``, ...).
         close_timeout_s: How long ``close()`` lets the workers close their envs before
             it terminates them.
-        **env_kwargs: Passed to every ``HarnessEnv``.
+        env_class: The sub-envs' class (``None``: ``HarnessEnv``; a suite passes its own
+            subclass, picklable by reference for the workers).
+        **env_kwargs: Passed to every sub-env.
 
     Returns:
         The vector env (``shared_memory=False``, next-step autoreset). A sub-env whose
@@ -63,7 +73,7 @@ def make_vector_env(
         >>> envs = gymnasium.make_vec("gym_harness/Reference-v0", num_envs=4)  # doctest: +SKIP
     """
     _preload_for(context)
-    make = functools.partial(_make_one, env_kwargs, max_episode_steps)
+    make = functools.partial(_make_one, env_kwargs, max_episode_steps, env_class)
     return HarnessVectorEnv([make] * num_envs, context=context, close_timeout_s=close_timeout_s)
 
 

@@ -6,23 +6,11 @@ env of every gym_harness id) whose sub-envs are :class:`~gym_harness.suites.bfcl
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import gymnasium
-
-from gym_harness.vector import HarnessVectorEnv
+from gym_harness.vector import HarnessVectorEnv, factory
 
 __all__ = ["make_vector_env"]
-
-
-def _make_one(env_kwargs: dict[str, Any], max_episode_steps: int | None) -> gymnasium.Env[Any, Any]:
-    from gym_harness.suites.bfcl.env import BFCLEnv
-
-    env: gymnasium.Env[Any, Any] = BFCLEnv(**env_kwargs)
-    if max_episode_steps is not None:
-        env = gymnasium.wrappers.TimeLimit(env, max_episode_steps)
-    return env
 
 
 def make_vector_env(
@@ -43,5 +31,12 @@ def make_vector_env(
     Example:
         >>> envs = gymnasium.make_vec("gym_harness/BFCL-v0", num_envs=2)  # doctest: +SKIP
     """
-    make = functools.partial(_make_one, env_kwargs, max_episode_steps)
-    return HarnessVectorEnv([make] * num_envs, context=context)
+    from gym_harness.suites.bfcl.env import BFCLEnv
+
+    return factory.make_vector_env(
+        num_envs,
+        max_episode_steps=max_episode_steps,
+        context=context,
+        env_class=BFCLEnv,
+        **env_kwargs,
+    )
