@@ -34,34 +34,17 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import psutil
 from _common import Row, format_table, median, write_json
+from support.groups import TASK, scripted_group
 
-from gym_harness import RewardContext
 from gym_harness.training import GroupRollout
 from gym_harness.training.tiny import tiny_tokenizer
-
-TASK = {"id": "add", "prompt": "What is 2 + 3? Use the add tool."}
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-def reward(ctx: RewardContext) -> float:
-    return float("5" in ctx.response)
-
-
-def tool_first(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
-    if not any(m.get("role") == "tool" for m in request["messages"]):
-        return {"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
-    return {"content": "5"}
 
 
 def _cpu() -> float:
@@ -78,15 +61,7 @@ def _cpu() -> float:
 
 def group_of(tokenizer: Any, episodes: int, *, keep_envs: bool = False) -> GroupRollout:
     """A ``GroupRollout`` of ``episodes`` concurrent episodes under the fixed policy."""
-    ids = [*tokenizer.encode("ok"), tokenizer.eos_token_id]
-    return GroupRollout(
-        {"harness": "reference", "tools": [add], "reward_fn": reward},
-        tokenizer=tokenizer,
-        sampler=lambda prompts: [(ids, [-0.5] * len(ids)) for _ in prompts],
-        action=tool_first,
-        concurrency=episodes,
-        keep_envs=keep_envs,
-    )
+    return scripted_group(tokenizer, episodes, keep_envs=keep_envs)
 
 
 def measure(group: GroupRollout, off: list[str]) -> tuple[float, float]:

@@ -6,6 +6,7 @@
 * ``process``: the fake harness of the process tests and the pid checks around it.
 * ``gate``: a tool body that blocks until the test releases it.
 * ``policies``: policies for model-mode rollouts.
+* ``groups``: the scripted ``GroupRollout`` of the training tests and the group benchmark.
 * ``signals``: Ctrl-C in started processes whatever SIGINT disposition the run inherited.
 * ``churn``: a tree that changes while a fork copies it (a process, or a harness).
 * ``line_agent.py`` and ``scripts/``: programs the tests start as harnesses; use

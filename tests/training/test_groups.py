@@ -1,14 +1,10 @@
 """``GroupRollout`` on ``Reference-v0`` in model mode: runs that keep their vector env.
 
-The policy is a fixed completion (the tiny tokenizer's ids for "ok"); the action calls
-the ``add`` tool first, then answers "5", so every episode makes two model calls and
+The group is ``support.groups``' scripted one: every episode makes two model calls and
 earns reward 1.0.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import psutil
 import pytest
@@ -17,41 +13,16 @@ pytest.importorskip(
     "transformers", reason="needs transformers and tokenizers: pip install 'gym_harness[train]'"
 )
 
-from gym_harness import RewardContext
+from support.groups import TASK, scripted_group
+
 from gym_harness.training import EpisodeRow, GroupRollout
 from gym_harness.training.tiny import tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 
-TASK = {"id": "add", "prompt": "What is 2 + 3? Use the add tool."}
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-def reward(ctx: RewardContext) -> float:
-    return float("5" in ctx.response)
-
-
-def tool_first(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
-    if not any(m.get("role") == "tool" for m in request["messages"]):
-        return {"content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
-    return {"content": "5"}
-
 
 def group_of(concurrency: int, *, keep_envs: bool) -> GroupRollout:
-    tokenizer = tiny_tokenizer()
-    ids = [*tokenizer.encode("ok"), tokenizer.eos_token_id]
-    return GroupRollout(
-        {"harness": "reference", "tools": [add], "reward_fn": reward},
-        tokenizer=tokenizer,
-        sampler=lambda prompts: [(ids, [-0.5] * len(ids)) for _ in prompts],
-        action=tool_first,
-        concurrency=concurrency,
-        keep_envs=keep_envs,
-    )
+    return scripted_group(tiny_tokenizer(), concurrency, keep_envs=keep_envs)
 
 
 def _as_scripted(rows: list[EpisodeRow], n: int) -> None:
