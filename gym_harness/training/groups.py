@@ -50,7 +50,7 @@ from gym_harness.training.chain import ChatTokenizer, TokenChain
 from gym_harness.training.tool_calls import completion_action
 from gym_harness.vector.factory import make_vector_env
 
-__all__ = ["EpisodeRow", "GroupRollout", "Sampler", "model_env_kwargs"]
+__all__ = ["EpisodeRow", "GroupRollout", "Sampler", "first_request", "model_env_kwargs"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +247,8 @@ class GroupRollout:
             task = dict(wave[members[0]].task)
             observations, infos = envs.reset(options={"task": task, "reset_mask": mask})
             for i in members:
-                request, error = _request(observations[i], infos, i)
+                error_type = str(infos["error_type"][i])
+                request, error = first_request(observations[i], error_type, infos["error"][i])
                 wave[i].started = not str(infos["error_type"][i])
                 if error:
                     wave[i].error = error
@@ -391,11 +392,10 @@ def _by_task(wave: list[_Episode]) -> dict[str, list[int]]:
     return groups
 
 
-def _request(observation: str, infos: Mapping[str, Any], i: int) -> tuple[dict[str, Any], str]:
-    """The first request of a reset sub-env, or why there is none."""
-    error_type = str(infos["error_type"][i])
+def first_request(observation: str, error_type: str, error: Any) -> tuple[dict[str, Any], str]:
+    """The first request of a reset env (its observation and ``info``), or why there is none."""
     if error_type:
-        return {}, f"the episode never started: {error_type}: {infos['error'][i]}"
+        return {}, f"the episode never started: {error_type}: {error}"
     request = json.loads(observation)
     if not request.get("request_id"):
         return {}, "the harness ended its turn before its first model call"

@@ -27,7 +27,7 @@ from typing import Any
 from gym_harness.env import HarnessEnv
 from gym_harness.errors import ConfigError
 from gym_harness.training.chain import TokenChain
-from gym_harness.training.groups import Tokenizer
+from gym_harness.training.groups import Tokenizer, first_request
 
 __all__ = ["EpisodeResult", "Generated", "run_episode"]
 
@@ -148,15 +148,11 @@ async def _drive(
     clock: _Clock,
 ) -> EpisodeResult:
     observation, info = await clock.env(env.reset, options={"task": dict(task)})
-    started = not info["error_type"]
-    outcome, error = str(info["error_type"]), ""
+    outcome = str(info["error_type"])
+    started = not outcome
+    request, error = first_request(observation, outcome, info["error"])
     tool_calls, versions, preempted = 0, [], 0
     first_prompt: list[int] = []
-    if not started:
-        error = f"the episode never started: {info['error_type']}: {info['error']}"
-    request: dict[str, Any] = json.loads(observation) if started else {}
-    if started and not request.get("request_id"):
-        error = "the harness ended its turn before its first model call"
     while started and not error:
         if max_turns is not None and len(chain.calls) >= max_turns:
             outcome = "max_turns"  # held at its next model call; truncate() below ends it
