@@ -41,12 +41,15 @@ _SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _ADDED = ["<tool_call>", "</tool_call>"]
 
 
-def tiny_tokenizer() -> Any:
+def tiny_tokenizer(*, chat_template: str = CHAT_TEMPLATE) -> Any:
     """A byte-level ``PreTrainedTokenizerFast`` with Qwen2's chat tokens and template.
 
     ``eos_token`` is ``<|im_end|>`` (the end of an assistant turn), ``pad_token``
     ``<|endoftext|>``; ``<tool_call>`` and ``</tool_call>`` are single tokens that
     ``decode(..., skip_special_tokens=True)`` keeps.
+
+    Args:
+        chat_template: The Jinja chat template (default: :data:`CHAT_TEMPLATE`).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -61,7 +64,7 @@ def tiny_tokenizer() -> Any:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=_SPECIAL,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
     tokenizer.add_tokens(_ADDED)
     return tokenizer

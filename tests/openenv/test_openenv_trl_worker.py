@@ -50,6 +50,7 @@ from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 
 from gym_harness import RewardContext
 from gym_harness.openenv import HarnessSessionFactory, ModelModeAdapter
+from gym_harness.training.tiny import tiny_tokenizer
 
 #: Generations of the one prompt (one group).
 GENERATIONS = 2
@@ -63,22 +64,9 @@ def reward(ctx: RewardContext) -> float:
 
 
 def byte_tokenizer() -> Any:
-    """A byte-level tokenizer with Qwen3's chat template (TRL's copy): built here, no hub."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-    )
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
-    tokenizer.chat_template = qwen3_chat_template
+    """The tiny byte-level tokenizer with Qwen3's chat template (TRL's copy): no hub."""
+    tokenizer = tiny_tokenizer(chat_template=qwen3_chat_template)
+    tokenizer.add_tokens(["<tool_response>", "</tool_response>"])
     return tokenizer
 
 
