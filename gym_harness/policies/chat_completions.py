@@ -317,7 +317,7 @@ class ChatCompletionsPolicy:
             )
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the decoder's depth
             raise self._malformed("the body is no JSON", text) from None
 
     def _malformed(self, why: str, answer: Any) -> PolicyError:
@@ -373,7 +373,7 @@ def _error_message(text: str) -> str:
     """The message of an OpenAI-style error body, else the body itself."""
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):

@@ -137,7 +137,13 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("fault", ["down", "500", "garbage", "no_choices", "slow"])
+#: JSON nested past the decoder's recursion limit (json raises RecursionError, no ValueError).
+DEEP = b"[" * 100_000
+
+
+@pytest.mark.parametrize(
+    "fault", ["down", "500", "garbage", "deep", "deep_500", "no_choices", "slow"]
+)
 def test_a_failing_server_ends_the_episode_as_policy_error(
     srv: ScriptedModelServer, fault: str
 ) -> None:
@@ -148,6 +154,10 @@ def test_a_failing_server_ends_the_episode_as_policy_error(
         srv.fail(500, {"error": {"message": "engine overloaded"}})
     elif fault == "garbage":
         srv.enqueue(Raw(b"<html>not json", "application/json"))
+    elif fault == "deep":
+        srv.enqueue(Raw(DEEP, "application/json"))
+    elif fault == "deep_500":
+        srv.enqueue(Raw(DEEP, "application/json", status=500))
     elif fault == "no_choices":
         srv.enqueue(Raw(b'{"object": "chat.completion", "choices": []}', "application/json"))
     else:
@@ -164,6 +174,8 @@ def test_a_failing_server_ends_the_episode_as_policy_error(
         "down": "could not connect to the model server",
         "500": "answered HTTP 500: 'engine overloaded'",
         "garbage": "no chat completion (the body is no JSON): '<html>not json'",
+        "deep": "no chat completion (the body is no JSON): '[[[",
+        "deep_500": "answered HTTP 500: '[[[",
         "no_choices": "no chat completion (it holds no choices[0])",
         "slow": "did not answer within 1s",
     }[fault]
