@@ -3,7 +3,8 @@
 Qwen2/Qwen2.5/Qwen3, Hermes and many open models write a tool call as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in their text. A block whose
 JSON reads as a call of a tool the request offered becomes a tool call of the action;
-anything else stays text, so a malformed call reaches the harness as the model wrote it.
+anything else stays text, so a malformed call reaches the harness as the model wrote it
+(never an exception: the text is the policy's, and a raise would end the whole batch).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def completion_action(text: str, observation: Mapping[str, Any]) -> dict[str, An
 def _call(body: str, names: set[str]) -> dict[str, Any] | None:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the decoder's depth
         return None
     if not isinstance(value, dict) or value.get("name") not in names:
         return None
@@ -72,7 +73,7 @@ def _call(body: str, names: set[str]) -> dict[str, Any] | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
