@@ -48,10 +48,11 @@ def register_envs() -> None:
     for env_id, (kwargs, max_steps, nondeterministic) in ENV_IDS.items():
         if env_id in gymnasium.registry:
             continue
+        entry_point, vector_entry_point = _ENTRIES.get(env_id, (_ENTRY, _VECTOR))
         gymnasium.register(
             id=env_id,
-            entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[0],
-            vector_entry_point=_ENTRIES.get(env_id, (_ENTRY, _VECTOR))[1],
+            entry_point=entry_point,
+            vector_entry_point=vector_entry_point,
             kwargs=kwargs,
             max_episode_steps=max_steps,
             nondeterministic=nondeterministic,

@@ -32,6 +32,7 @@ import argparse
 import ast
 import contextlib
 import difflib
+import inspect
 import json
 import os
 import re
@@ -672,13 +673,9 @@ def _signals_interrupt() -> Iterator[None]:
 def _model_settings(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``--mode model``: the env keyword and the rollout's policy (imported, checked)."""
     if args.mode != "model":
-        given = [
-            flag
-            for flag in ("policy_url", "policy_model", "policy_key_env", "policy_set")
-            if getattr(args, flag)
-        ]
+        given = _chat_completions_flags(args)
         if given:
-            flags = ", ".join("--" + flag.replace("_", "-") for flag in given)
+            flags = ", ".join(given)
             raise ConfigError(f"{flags} configure --policy {CHAT_COMPLETIONS}: add --mode model")
         if not args.policy:
             return {}
@@ -708,21 +705,15 @@ def _policy(args: argparse.Namespace) -> Policy:
     """The rollout's policy: ``--policy``'s import string, or the chat-completions policy
     that ``--policy-url``, ``--policy-model``, ``--policy-key-env`` and ``--policy-set``
     configure."""
-    options = {
-        "--policy-url": args.policy_url,
-        "--policy-model": args.policy_model,
-        "--policy-key-env": args.policy_key_env,
-        "--policy-set": args.policy_set,
-    }
+    given = _chat_completions_flags(args)
     if args.policy != CHAT_COMPLETIONS:
-        given = [name for name, value in options.items() if value]
         if given:
             raise ConfigError(
                 f"{', '.join(given)} configure --policy {CHAT_COMPLETIONS}, not --policy "
                 f"{args.policy}: drop them, or use --policy {CHAT_COMPLETIONS}"
             )
         return load_policy(args.policy)
-    missing = [name for name in ("--policy-url", "--policy-model") if not options[name]]
+    missing = [name for name in ("--policy-url", "--policy-model") if name not in given]
     if missing:
         raise ConfigError(
             f"--policy {CHAT_COMPLETIONS} needs {' and '.join(missing)}, e.g. --policy-url "
@@ -737,19 +728,28 @@ def _policy(args: argparse.Namespace) -> Policy:
         raise ConfigError(f"--policy-set: {exc}") from exc
 
 
+def _chat_completions_flags(args: argparse.Namespace) -> list[str]:
+    """The options given that configure ``--policy chat-completions``."""
+    options = {
+        "--policy-url": args.policy_url,
+        "--policy-model": args.policy_model,
+        "--policy-key-env": args.policy_key_env,
+        "--policy-set": args.policy_set,
+    }
+    return [name for name, value in options.items() if value]
+
+
 def _takes_one_argument(fn: Callable[..., Any]) -> bool:
     """``fn`` can be called with one positional argument and not with two."""
-    import inspect
-
     try:
         signature = inspect.signature(fn)
+        signature.bind(None)
     except (TypeError, ValueError):
         return False
-    for count in (1, 2):
-        try:
-            signature.bind(*range(count))
-        except TypeError:
-            return count == 2
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return True
     return False
 
 

@@ -5,8 +5,9 @@ ends (a visible file: ``tail -f`` follows it) and renames it over ``OUT`` once e
 episode is recorded, so a run that fails or is stopped never truncates an existing
 ``OUT``. ``RecordFile.write`` writes a record's whole line or nothing: one line is one
 ``write`` of its encoded bytes (looped over short writes), and a write that fails
-(ENOSPC, EIO) truncates the file back to where the line began, so the file only ever
-holds whole records and ``records`` counts exactly those.
+(ENOSPC, EIO) or is cut by a signal (Ctrl-C, SIGTERM) truncates the file back to where
+the line began, so the file only ever holds whole records and ``records`` counts exactly
+those.
 
 ``resume`` reads what an earlier run of the same rollout kept (``OUT.partial``, else
 ``OUT``) and says which episodes of the plan are recorded; a grouped episode counts as
@@ -109,15 +110,16 @@ class RecordFile:
 
         Raises:
             OSError: The write failed (``failed`` keeps it); the file was truncated back
-                to where the line began.
+                to where the line began (as it is for a signal's exception).
         """
         data = memoryview(text.encode("utf-8"))
         start = os.lseek(self.fd, 0, os.SEEK_END)
         try:
             while data:
                 data = data[os.write(self.fd, data) :]
-        except OSError as exc:
-            self.failed = exc
+        except BaseException as exc:  # a full disk, or a signal between two short writes
+            if isinstance(exc, OSError):
+                self.failed = exc
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, start)
             raise

@@ -178,3 +178,26 @@ def test_a_failed_write_is_truncated_back_and_not_counted(tmp_path: Path) -> Non
     assert written.records == 1
     assert written.failed is not None
     assert path.read_text() == '{"a": 1}\n'
+
+
+def test_a_signal_between_short_writes_leaves_no_cut_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "out.jsonl.partial"
+    written = RecordFile(path)
+    written.write('{"a": 1}\n')
+    real_write = os.write
+
+    def short_then_signal(fd: int, data: Any) -> int:
+        if len(data) > 4:
+            return real_write(fd, data[:4])  # a short write, as near a full disk
+        raise KeyboardInterrupt  # the signal's handler runs before the rest is written
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", short_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            written.write('{"b": 2}\n')
+    written.close()
+    assert written.records == 1
+    assert written.failed is None
+    assert path.read_text() == '{"a": 1}\n'
