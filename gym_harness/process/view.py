@@ -277,7 +277,12 @@ def build(libc: Any, plan: dict[str, Any], numbers: dict[str, int]) -> tuple[int
 
     ready_r, ready_w = os.pipe()  # the child's report, then EOF
     hold_r, hold_w = os.pipe()  # the child holds the namespace until its EOF
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # EAGAIN at the process limit: the keeper goes on without the view's
+        for fd in (ready_r, ready_w, hold_r, hold_w):
+            os.close(fd)
+        raise
     if pid == 0:  # only calls into the libc already loaded, then leaves
         try:
             os.close(ready_r)

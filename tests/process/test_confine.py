@@ -9,6 +9,7 @@ must succeed (or fail differently) for the test to mean anything.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -429,6 +430,20 @@ def test_prepared_close_is_idempotent_and_apply_after_close_raises() -> None:
         os.fstat(fd)
     with pytest.raises(ValueError, match="closed"):
         confine.apply(prepared)
+
+
+def test_a_view_that_cannot_fork_its_builder_leaves_no_descriptor_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def at_the_process_limit() -> int:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    view = confine._sibling("view")
+    monkeypatch.setattr(os, "fork", at_the_process_limit)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(BlockingIOError):
+        view.build(None, {}, {})  # the fork is its first step: nothing else is read
+    assert sorted(os.listdir("/proc/self/fd")) == before
 
 
 HEADERS = {  # where the system's kernel headers keep each table
