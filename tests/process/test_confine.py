@@ -446,6 +446,21 @@ def test_a_view_that_cannot_fork_its_builder_leaves_no_descriptor_open(
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
+def test_a_keeper_keeps_a_bounded_number_of_view_plans(tmp_path: Path) -> None:
+    """A command naming a file of its workspace reads a path of each episode's: the
+    plans made for a long env's episodes do not pile up in its keeper."""
+    view, cache = confine._sibling("view"), {}
+    for n in range(40):
+        episode = tmp_path / f"episode{n}"
+        for folder in ("workspace", "tmp"):
+            (episode / folder).mkdir(parents=True)
+        policy = {"read": ["/usr", str(episode / "workspace")], "write": [str(episode / "tmp")]}
+        made = view.plan(policy, confine.VIEW_DEVICES, cache)
+        assert str(episode / "workspace").encode() in dict(made["binds"])
+    kept = sum(len(value) if isinstance(value, dict) else 1 for value in cache.values())
+    assert kept <= 2 * view._PLANS_KEPT, list(cache)
+
+
 HEADERS = {  # where the system's kernel headers keep each table
     0: "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
     1: "/usr/include/asm-generic/unistd.h",  # aarch64 uses the generic table
