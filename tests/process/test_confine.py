@@ -446,6 +446,26 @@ def test_a_view_that_cannot_fork_its_builder_leaves_no_descriptor_open(
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root keeps a namespace of the view")
+def test_a_prepare_that_fails_at_the_view_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if confine.probe()["view"] or not confine.probe()["fs"]:
+        pytest.skip("no mount namespace or no Landlock here")
+    (tmp_path / "workspace").mkdir()
+    policy = {"read": ["/usr"], "write": [str(tmp_path / "workspace")], "view": True}
+    confine.prepare(policy).close()  # the env's namespace, made once and kept
+    before = sorted(os.listdir("/proc/self/fd"))
+
+    def out_of_descriptors(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", out_of_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        confine.prepare(policy)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_keeper_keeps_a_bounded_number_of_view_plans(tmp_path: Path) -> None:
     """A command naming a file of its workspace reads a path of each episode's: the
     plans made for a long env's episodes do not pile up in its keeper."""
