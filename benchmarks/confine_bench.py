@@ -131,6 +131,29 @@ def split(
     return walls, cpu
 
 
+def beside(
+    what: str,
+    kinds: dict[str, dict[str, list[float]]],
+    names: tuple[str, str],
+    baseline_name: str,
+    note: str,
+) -> list[Row]:
+    """A row per kind of figure (wall, CPU) of ``what``: the median of the measure named
+    first in ``names`` beside that of the second (its baseline), in microseconds."""
+    measured, baseline = names
+    return [
+        Row(
+            f"{what}, {kind}",
+            median(samples[measured]) * 1e6,
+            median(samples[baseline]) * 1e6,
+            "us",
+            baseline_name=baseline_name,
+            note=note,
+        )
+        for kind, samples in kinds.items()
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -171,17 +194,13 @@ def main() -> None:
         Row("prepare(), wall", prepare_wall * us, 0, "us", note=n),
         Row("prepare(), CPU", prepare_cpu * us, 0, "us", note=n),
     ]
-    for kind, samples in (("wall", applies), ("CPU", applies_cpu)):
-        rows.append(
-            Row(
-                f"apply() in the child, {kind}",
-                median(samples["view"]) * us,
-                median(samples["plain"]) * us,
-                "us",
-                baseline_name="apply() without the view",
-                note=n,
-            )
-        )
+    rows += beside(
+        "apply() in the child",
+        {"wall": applies, "CPU": applies_cpu},
+        ("view", "plain"),
+        baseline_name="apply() without the view",
+        note=n,
+    )
     costs = (("wall", prepare_wall, applies), ("CPU", prepare_cpu, applies_cpu))
     for kind, prepare, samples in costs:
         cost = (prepare + median(samples["view"])) * us
@@ -196,17 +215,13 @@ def main() -> None:
                 note=n,
             )
         )
-    for kind, samples in (("wall", spawns), ("child CPU", spawns_cpu)):
-        rows.append(
-            Row(
-                f"fork, apply, exec true, reap, {kind}",
-                median(samples["confined"]) * us,
-                median(samples["bare"]) * us,
-                "us",
-                baseline_name="the same without apply",
-                note=n,
-            )
-        )
+    rows += beside(
+        "fork, apply, exec true, reap",
+        {"wall": spawns, "child CPU": spawns_cpu},
+        ("confined", "bare"),
+        baseline_name="the same without apply",
+        note=n,
+    )
     print(f"$ python {' '.join(sys.argv)}")
     print(f"kernel {os.uname().release}, {os.uname().machine}; probe: {offered}")
     print(f"policy: {policy}")

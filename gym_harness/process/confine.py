@@ -395,6 +395,8 @@ def prepare(policy: dict[str, object]) -> Prepared:
     handled_fs = _FS_ABI1 | later if fs else 0
     handled_net = _NET_BIND_TCP | _NET_CONNECT_TCP if net else 0
     scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if scope else 0
+    program = _seccomp.program(machine, _cache) if seccomp else None
+    plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
     ruleset = -1
     if handled_fs or handled_net or scoped:
         attr = libc.struct.pack("QQQ", handled_fs, handled_net, scoped)
@@ -404,11 +406,13 @@ def prepare(policy: dict[str, object]) -> Prepared:
         except BaseException:
             os.close(ruleset)
             raise
-    program = _seccomp.program(machine, _cache) if seccomp else None
-    plan = _sibling("view").plan(policy, VIEW_DEVICES, _cache) if view else None
     prepared = Prepared(libc, ruleset, program, bool(policy.get("drop_caps")), plan, handled_fs)
-    if plan is not None and (namespace := _view_namespace(libc, plan)) >= 0:
-        prepared._namespace = os.dup(namespace)  # its own: the cache may close the one kept
+    try:
+        if plan is not None and (namespace := _view_namespace(libc, plan)) >= 0:
+            prepared._namespace = os.dup(namespace)  # its own: the cache may close the one kept
+    except BaseException:  # the ruleset's fd with it: a keeper spawns many times
+        prepared.close()
+        raise
     return prepared
 
 

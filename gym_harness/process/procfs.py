@@ -197,11 +197,14 @@ def disk_bytes(roots: list[str], limit: int) -> int:
                     found = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                if (found.st_dev, found.st_ino) in seen:
-                    continue
-                seen.add((found.st_dev, found.st_ino))
+                # Only a directory (through a bind mount) or a hard-linked file can be met
+                # twice: a tree of many plain files costs the walk no memory per file.
+                if found.st_nlink > 1 or entry.is_dir(follow_symlinks=False):
+                    if (found.st_dev, found.st_ino) in seen:
+                        continue
+                    seen.add((found.st_dev, found.st_ino))
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
                 total += found.st_blocks * 512
                 if total > limit:
                     return total

@@ -48,7 +48,9 @@ _DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"),
               ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2"),
               ("/dev/ptmx", "pts/ptmx"))  # fmt: skip
 _MAX_LINKS = 40  # links followed while mirroring one path (the kernel's own bound)
-#: Plans kept for their writable paths (one keeper serves one env: a few episodes' worth).
+#: Plans kept for their writable paths, and what sets of read-only paths make (one
+#: keeper serves one env: a few episodes' worth; a command naming a file of its
+#: workspace reads a path of its episode's).
 _PLANS_KEPT = 8
 
 
@@ -104,9 +106,10 @@ def plan(
     to each re-made, and the granted ones of ``devices`` by name.
 
     What the read-only paths and the devices make is found once per set of them (kept in
-    ``cache``: they are the same for every episode); the writable paths (an episode's own)
-    are added once per set of them, for as long as each is still a directory (the last
-    :data:`_PLANS_KEPT` sets are kept: an episode's turns spawn with the same ones).
+    ``cache``: they are mostly the same for every episode); the writable paths (an
+    episode's own) are added once per set of them, for as long as each is still a
+    directory. The last :data:`_PLANS_KEPT` sets of each are kept: an episode's turns
+    spawn with the same ones.
     """
     read: tuple[str, ...] = tuple(policy.get("read") or ())  # type: ignore[arg-type]
     granted: tuple[str, ...] = tuple(policy.get("devices") or ())  # type: ignore[arg-type]
@@ -134,8 +137,10 @@ def _plan(
     write: tuple[str, ...],
 ) -> dict[str, object]:
     key = f"view:{read!r}:{granted!r}"
-    cached = cache.get(key)
-    if not isinstance(cached, tuple):
+    kept = cache.setdefault("view:reads", {})
+    assert isinstance(kept, dict)
+    cached = kept.get(key)
+    if cached is None:
         roots, links = _roots([], read)
         nodes = []
         for device in devices:
@@ -145,7 +150,9 @@ def _plan(
                 continue
             if found is not None and stat.S_ISCHR(found.st_mode):
                 nodes.append((device, found.st_rdev))
-        cached = cache[key] = (roots, links, nodes, _shared_mounts())
+        while len(kept) >= _PLANS_KEPT:
+            del kept[next(iter(kept))]  # the oldest
+        cached = kept[key] = (roots, links, nodes, _shared_mounts())
     read_roots, read_links, nodes, shared = cached
     roots, links = _roots(read_roots, write, dict(read_links))
     shm_mb = policy.get("shm_mb")
@@ -277,7 +284,12 @@ def build(libc: Any, plan: dict[str, Any], numbers: dict[str, int]) -> tuple[int
 
     ready_r, ready_w = os.pipe()  # the child's report, then EOF
     hold_r, hold_w = os.pipe()  # the child holds the namespace until its EOF
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # EAGAIN at the process limit: the keeper goes on without the view's
+        for fd in (ready_r, ready_w, hold_r, hold_w):
+            os.close(fd)
+        raise
     if pid == 0:  # only calls into the libc already loaded, then leaves
         try:
             os.close(ready_r)

@@ -9,6 +9,7 @@ must succeed (or fail differently) for the test to mean anything.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -429,6 +430,55 @@ def test_prepared_close_is_idempotent_and_apply_after_close_raises() -> None:
         os.fstat(fd)
     with pytest.raises(ValueError, match="closed"):
         confine.apply(prepared)
+
+
+def test_a_view_that_cannot_fork_its_builder_leaves_no_descriptor_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def at_the_process_limit() -> int:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    view = confine._sibling("view")
+    monkeypatch.setattr(os, "fork", at_the_process_limit)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(BlockingIOError):
+        view.build(None, {}, {})  # the fork is its first step: nothing else is read
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root keeps a namespace of the view")
+def test_a_prepare_that_fails_at_the_view_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if confine.probe()["view"] or not confine.probe()["fs"]:
+        pytest.skip("no mount namespace or no Landlock here")
+    (tmp_path / "workspace").mkdir()
+    policy = {"read": ["/usr"], "write": [str(tmp_path / "workspace")], "view": True}
+    confine.prepare(policy).close()  # the env's namespace, made once and kept
+    before = sorted(os.listdir("/proc/self/fd"))
+
+    def out_of_descriptors(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", out_of_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        confine.prepare(policy)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_keeper_keeps_a_bounded_number_of_view_plans(tmp_path: Path) -> None:
+    """A command naming a file of its workspace reads a path of each episode's: the
+    plans made for a long env's episodes do not pile up in its keeper."""
+    view, cache = confine._sibling("view"), {}
+    for n in range(40):
+        episode = tmp_path / f"episode{n}"
+        for folder in ("workspace", "tmp"):
+            (episode / folder).mkdir(parents=True)
+        policy = {"read": ["/usr", str(episode / "workspace")], "write": [str(episode / "tmp")]}
+        made = view.plan(policy, confine.VIEW_DEVICES, cache)
+        assert str(episode / "workspace").encode() in dict(made["binds"])
+    kept = sum(len(value) if isinstance(value, dict) else 1 for value in cache.values())
+    assert kept <= 2 * view._PLANS_KEPT, list(cache)
 
 
 HEADERS = {  # where the system's kernel headers keep each table

@@ -45,6 +45,13 @@ def attempt(env: gymnasium.Env[str, str], what: str, arg: object = None) -> tupl
     return bool(answer["ok"]), str(answer["detail"])
 
 
+def refused(env: gymnasium.Env[str, str], what: str, arg: object = None) -> str:
+    """What the harness said of an attempt that must fail."""
+    ok, detail = attempt(env, what, arg)
+    assert not ok, detail
+    return detail
+
+
 @pytest.fixture(scope="module", params=TIERS)
 def confined(request: pytest.FixtureRequest) -> Iterator[gymnasium.Env[str, str]]:
     """One confined escaper per tier, reset, for the attempts that leave it running."""
@@ -73,15 +80,14 @@ def outside_socket(tmp_path: Path) -> Iterator[str]:
 def test_a_unix_socket_outside_is_out_of_reach(
     confined: gymnasium.Env[str, str], outside_socket: str
 ) -> None:
-    ok, detail = attempt(confined, "unix", outside_socket)
-    assert not ok and "FileNotFoundError" in detail  # no such path in its view
+    # No such path in its view.
+    assert "FileNotFoundError" in refused(confined, "unix", outside_socket)
 
 
 def test_no_listed_unix_socket_outside_answers(
     confined: gymnasium.Env[str, str], outside_socket: str
 ) -> None:
-    ok, detail = attempt(confined, "unix_scan")
-    assert not ok and "listed sockets answered" in detail, detail
+    assert "listed sockets answered" in refused(confined, "unix_scan")
 
 
 def test_its_own_unix_sockets_work(confined: gymnasium.Env[str, str]) -> None:
@@ -157,8 +163,7 @@ def test_the_user_s_dev_shm_is_out_of_reach(confined: gymnasium.Env[str, str]) -
     fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="gym-harness-secret-")
     try:
         os.write(fd, b"secret")
-        ok, detail = attempt(confined, "read", path)
-        assert not ok and "FileNotFoundError" in detail
+        assert "FileNotFoundError" in refused(confined, "read", path)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -169,8 +174,8 @@ def test_dev_holds_the_granted_devices_by_name(confined: gymnasium.Env[str, str]
     assert ok and set(names.split()) == VIEW_DEV
     assert attempt(confined, "read", "/dev/urandom")[0]
     assert attempt(confined, "write", "/dev/null") == (True, "written")
-    ok, detail = attempt(confined, "write", "/dev/planted")  # nothing made in its /dev
-    assert not ok and "PermissionError" in detail
+    # Nothing is made in its /dev.
+    assert "PermissionError" in refused(confined, "write", "/dev/planted")
     assert attempt(confined, "posix_shm") == (True, "shared")  # a /dev/shm of its own
 
 
@@ -187,8 +192,7 @@ def test_an_episode_reaches_nothing_of_the_one_before(tier: str) -> None:
         env.reset()
         second = HarnessEnv.of(env).workspace
         assert second is not None and second != first
-        ok, detail = attempt(env, "read", str(first / "mine"))
-        assert not ok and "FileNotFoundError" in detail
+        assert "FileNotFoundError" in refused(env, "read", str(first / "mine"))
         assert attempt(env, "write", str(second / "mine")) == (True, "written")
         assert attempt(env, "read", str(second / "mine")) == (True, "planted")
     finally:
@@ -201,8 +205,7 @@ def test_an_episode_reaches_nothing_of_the_one_before(tier: str) -> None:
 def test_a_terminal_it_was_not_given_is_out_of_reach(confined: gymnasium.Env[str, str]) -> None:
     leader, follower = os.openpty()
     try:
-        ok, detail = attempt(confined, "tty", os.ttyname(follower))
-        assert not ok and "FileNotFoundError" in detail
+        assert "FileNotFoundError" in refused(confined, "tty", os.ttyname(follower))
     finally:
         os.close(leader)
         os.close(follower)
@@ -211,8 +214,7 @@ def test_a_terminal_it_was_not_given_is_out_of_reach(confined: gymnasium.Env[str
 def test_its_own_terminal_works_and_tiocsti_is_denied(confined: gymnasium.Env[str, str]) -> None:
     ok, got = attempt(confined, "own_pty")
     assert ok and "mine" in got
-    ok, detail = attempt(confined, "tiocsti")
-    assert not ok and "Operation not permitted" in detail
+    assert "Operation not permitted" in refused(confined, "tiocsti")
 
 
 # ------------------------------------------------------------ 4. template links

@@ -333,6 +333,24 @@ def test_removal_never_changes_the_mode_of_what_holds_the_tree(tmp_path: Path) -
         subprocess.run(["umount", str(tree)], check=True, timeout=10)
 
 
+def test_the_disk_watch_counts_each_file_once_and_follows_no_link(tmp_path: Path) -> None:
+    workspace, home, outside = tmp_path / "workspace", tmp_path / "home", tmp_path / "outside"
+    for folder in (workspace / "deep", home, outside):
+        folder.mkdir(parents=True)
+    (workspace / "deep" / "a").write_bytes(os.urandom(1 << 16))
+    os.link(workspace / "deep" / "a", home / "same_a")  # one file's blocks, twice in the tree
+    (home / "b").write_bytes(os.urandom(1 << 16))
+    (outside / "c").write_bytes(os.urandom(1 << 20))
+    (workspace / "out").symlink_to(outside)
+    roots = [str(workspace), str(home)]
+    blocks = sum(
+        os.lstat(path).st_blocks * 512
+        for path in (workspace / "deep", workspace / "deep" / "a", workspace / "out", home / "b")
+    )
+    assert procfs.disk_bytes(roots, 1 << 30) == blocks
+    assert blocks >= 1 << 17 and procfs.disk_bytes(roots, 1 << 10) > 1 << 10  # stops early
+
+
 @pytest.mark.parametrize("tier", ["auto", "off"])
 def test_the_harness_holds_none_of_its_keepers_descriptors(tier: str) -> None:
     """The keeper's socket to its owner (a way to ask it for an unconfined spawn) and its
