@@ -145,8 +145,9 @@ def tier_settings(
     if tier == "strict":
         from gym_harness.process import sandbox
 
-        if sandbox.report("strict")["missing"]:
-            pytest.skip(f"strict is not available here: {sandbox.report('strict')['missing']}")
+        missing = sandbox.report("strict")["missing"]
+        if missing:
+            pytest.skip(f"strict is not available here: {missing}")
         return {
             "sandbox": "strict",
             "capture": True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -12,7 +13,15 @@ from gym_harness.config import ProcessSpec
 from gym_harness.process.keeper_client import SESSION_VAR
 from support import HARNESS_SCRIPT
 
-__all__ = ["SCRIPT", "is_ready", "running", "spec", "tagged_processes", "wait_gone"]
+__all__ = [
+    "SCRIPT",
+    "is_ready",
+    "removed",
+    "running",
+    "spec",
+    "tagged_processes",
+    "wait_gone",
+]
 
 SCRIPT = HARNESS_SCRIPT
 
@@ -43,6 +52,14 @@ def wait_gone(pids: list[int], timeout_s: float = 5.0) -> list[int]:
         time.sleep(0.02)
         left = [pid for pid in left if running(pid)]
     return left
+
+
+def removed(path: Path, timeout_s: float = 15.0) -> bool:
+    """Whether ``path`` is gone within ``timeout_s`` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not path.exists()
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:

@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT
-from support.process import tagged_processes, wait_gone
+from support.process import removed, tagged_processes, wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 from gym_harness.agents.demo import demo_tasks_path
@@ -50,40 +50,38 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",  # the session's netns has only loopback
-        log_to_driver=False,
-    )
-    ray_pids = [p.pid for p in psutil.Process().children(recursive=True)]
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        procs = [psutil.Process(pid) for pid in ray_pids if psutil.pid_exists(pid)]
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for proc in alive:  # ours, by pid: never let Ray's daemons outlive the module
-            proc.kill()
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in RAY_ENV.items():
+            env.setenv(key, value)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",  # the session's netns has only loopback
+            log_to_driver=False,
+        )
+        ray_pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            procs = [psutil.Process(pid) for pid in ray_pids if psutil.pid_exists(pid)]
+            _, alive = psutil.wait_procs(procs, timeout=15)
+            for proc in alive:  # ours, by pid: never let Ray's daemons outlive the module
+                proc.kill()
 
 
 def gone(pids: list[int], timeout: float = 15.0) -> bool:
     return wait_gone(pids, timeout) == []
 
 
-def removed(path: Path, timeout: float = 15.0) -> bool:
-    """Whether ``path`` is gone within ``timeout`` (polled)."""
-    deadline = time.monotonic() + timeout
-    while path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not path.exists()
+def line_envs() -> RayVectorEnv:
+    """Two sub-envs over the line agent (``echo: <message>``), half a CPU each."""
+    return RayVectorEnv(
+        "gym_harness/Command-v0",
+        2,
+        env_kwargs={"command": [sys.executable, AGENT]},
+        resources_per_env=HALF_CPU,
+    )
 
 
 def comparable(info: dict[str, Any]) -> dict[str, list[Any]]:
@@ -132,12 +130,7 @@ def test_four_envs_through_autoreset_episodes_match_sync_vector_env(ray_instance
 
 @pytest.mark.timeout(120)
 def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -> None:
-    envs = RayVectorEnv(
-        "gym_harness/Command-v0",
-        2,
-        env_kwargs={"command": [sys.executable, AGENT]},
-        resources_per_env=HALF_CPU,
-    )
+    envs = line_envs()
     try:
         envs.reset(seed=0)
         obs, *_ = envs.step(np.array(["a", "b"], dtype=object))
@@ -174,12 +167,7 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
 
 @pytest.mark.timeout(120)
 def test_an_actors_env_exception_is_its_env_error_result(ray_instance: None) -> None:
-    envs = RayVectorEnv(
-        "gym_harness/Command-v0",
-        2,
-        env_kwargs={"command": [sys.executable, AGENT]},
-        resources_per_env=HALF_CPU,
-    )
+    envs = line_envs()
     try:
         envs.reset(seed=0)
         obs, _, terminated, _, info = envs.step(np.array(["a", 3], dtype=object))
@@ -232,12 +220,7 @@ def test_a_sigterm_handler_installed_before_ray_rollout_still_runs_after_it(
 
 @pytest.mark.timeout(120)
 def test_close_ends_every_actor_and_harness(ray_instance: None) -> None:
-    envs = RayVectorEnv(
-        "gym_harness/Command-v0",
-        2,
-        env_kwargs={"command": [sys.executable, AGENT]},
-        resources_per_env=HALF_CPU,
-    )
+    envs = line_envs()
     envs.reset(seed=0)
     workers = envs.worker_info()
     actors = list(envs.actors)

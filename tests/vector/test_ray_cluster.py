@@ -34,7 +34,7 @@ import numpy as np
 import psutil
 import pytest
 from support import LINE_AGENT
-from support.process import wait_gone
+from support.process import removed, wait_gone
 
 import gym_harness  # noqa: F401  (registers the env ids)
 
@@ -204,31 +204,19 @@ def cluster() -> Iterator[Cluster]:
     the driver's config is read again once the variables are set, and after they are
     put back)."""
     made = Cluster()
-    saved = {key: os.environ.get(key) for key in [*made.env_vars, "RAY_ADDRESS"]}
-    os.environ.update(made.env_vars)
-    os.environ.pop("RAY_ADDRESS", None)
-    ray._raylet.Config.initialize("")
-    try:
-        made.start("head")
-        connect(made.address)
-        yield made
-    finally:
-        shutdown()
-        made.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in made.env_vars.items():
+            env.setenv(key, value)
+        env.delenv("RAY_ADDRESS", raising=False)
         ray._raylet.Config.initialize("")
-
-
-def removed(path: Path, timeout_s: float = 30.0) -> bool:
-    """Whether ``path`` is gone within ``timeout_s`` (polled)."""
-    deadline = time.monotonic() + timeout_s
-    while path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not path.exists()
+        try:
+            made.start("head")
+            connect(made.address)
+            yield made
+        finally:
+            shutdown()
+            made.stop()
+    ray._raylet.Config.initialize("")
 
 
 def actions(texts: list[str]) -> np.ndarray:
@@ -274,7 +262,7 @@ def test_a_node_lost_mid_step_gives_the_survivors_results_and_its_sub_envs_come_
         assert elapsed < 1.5 * TIMEOUT_S, elapsed
         # The lost node's harnesses and workspaces went with it (their keepers ended them).
         assert wait_gone([before[i]["harness_pid"] for i in lost], 30.0) == []
-        assert all(removed(Path(before[i]["workspace"])) for i in lost)
+        assert all(removed(Path(before[i]["workspace"]), 30.0) for i in lost)
 
         # The cluster is full: the replacements wait for room in the background, the
         # survivors step on, and the lost sub-envs say their replacement is not up yet.
