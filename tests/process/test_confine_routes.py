@@ -125,7 +125,9 @@ try:
         address = multiprocessing.forkserver._forkserver._forkserver_address
         assert address and os.path.exists(address), address
         tries["forkserver"] = {"try": "unix", "arg": address}
-    tries["scan"] = {"try": "unix_scan"}  # last: a bare connect ends an unconfined forkserver
+    # Last, since a bare connect ends an unconfined forkserver. Unconfined, the scan keeps
+    # to sockets named like ours: every listed one would reach other tests' forkservers.
+    tries["scan"] = {"try": "unix_scan", "arg": "/outside.sock" if tier == "off" else ""}
     found = {}
     for name, action in tries.items():
         reply, *_ = envs.step([json.dumps(action)])

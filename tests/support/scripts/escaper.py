@@ -19,8 +19,9 @@ True when the attempt *succeeded* (the sandbox did not stop it).
     forkbomb N         fork N children that sleep
     env NAME           the value of an environment variable (always "ok")
     unix PATH          connect to the pathname unix socket PATH
-    unix_scan          connect to every pathname unix socket ``/proc/*/net/unix`` lists
-                       outside the working directory (ok: one answered; detail: which)
+    unix_scan [SUFFIX] connect to every pathname unix socket ``/proc/*/net/unix`` lists
+                       outside the working directory, or to those whose path ends with
+                       SUFFIX (ok: one answered; detail: which)
     own_unix           bind, listen and connect to a unix socket in the working directory
     tty PATH           open the terminal PATH, write to it and type into it (TIOCSTI)
     own_pty            open a pseudo-terminal of its own and write through it
@@ -107,7 +108,7 @@ def attempt(cmd: dict[str, object]) -> str:
             sock.connect(str(arg))
         return "connected"
     if what == "unix_scan":
-        return _unix_scan()
+        return _unix_scan(str(arg or ""))
     if what == "own_unix":
         with socket.socket(socket.AF_UNIX) as server, socket.socket(socket.AF_UNIX) as client:
             server.bind("own.sock")
@@ -165,8 +166,9 @@ def attempt(cmd: dict[str, object]) -> str:
     raise ValueError(f"unknown attempt {what!r}")
 
 
-def _unix_scan() -> str:
-    """Connect to every pathname unix socket any readable ``/proc/*/net/unix`` lists."""
+def _unix_scan(suffix: str) -> str:
+    """Connect to every pathname unix socket any readable ``/proc/*/net/unix`` lists
+    whose path ends with ``suffix``."""
     paths: set[str] = set()
     for table in ["/proc/net/unix", *(f"/proc/{pid}/net/unix" for pid in os.listdir("/proc"))]:
         try:
@@ -181,7 +183,7 @@ def _unix_scan() -> str:
     here = os.getcwd()
     reached = []
     for path in sorted(paths):
-        if path.startswith(here + "/"):
+        if path.startswith(here + "/") or not path.endswith(suffix):
             continue
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(2)
