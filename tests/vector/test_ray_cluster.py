@@ -42,16 +42,7 @@ ray = pytest.importorskip("ray")
 from gym_harness.vector.ray import RayVectorEnv, connect, shutdown  # noqa: E402
 
 #: One Ray cluster at a time: the Ray tests run on one test worker.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.xdist_group("ray"),
-    # Three Ray nodes started at once under the suite's load can miss Ray's own startup
-    # wait on a 2-core machine (a GCS connection error at setup): run it on its own.
-    pytest.mark.skipif(
-        os.environ.get("GYM_HARNESS_RAY_CLUSTER") != "1",
-        reason="set GYM_HARNESS_RAY_CLUSTER=1 to start a two-node Ray cluster",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 AGENT = str(LINE_AGENT)
 #: One "harness" slot per sub-env, no CPU: each node's two slots decide the placement.
@@ -200,15 +191,15 @@ class Cluster:
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     """A head node, started, and this process connected to it as the driver (with the
-    cluster's token: Ray reads ``RAY_AUTH_MODE`` into its config when first imported, so
-    the driver's config is read again once the variables are set, and after they are
-    put back)."""
+    cluster's token: Ray reads ``RAY_AUTH_MODE`` into its config when first imported, and
+    keeps the token it first loaded, so both are read again once the variables are set,
+    and after they are put back: an earlier Ray test of this process had them cached)."""
     made = Cluster()
     with pytest.MonkeyPatch.context() as env:
         for key, value in made.env_vars.items():
             env.setenv(key, value)
         env.delenv("RAY_ADDRESS", raising=False)
-        ray._raylet.Config.initialize("")
+        reread_ray_auth()
         try:
             made.start("head")
             connect(made.address)
@@ -216,7 +207,13 @@ def cluster() -> Iterator[Cluster]:
         finally:
             shutdown()
             made.stop()
+    reread_ray_auth()
+
+
+def reread_ray_auth() -> None:
+    """Make this process's Ray read its auth mode and token from the environment again."""
     ray._raylet.Config.initialize("")
+    ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def actions(texts: list[str]) -> np.ndarray:
