@@ -28,6 +28,9 @@ PROTOCOL_VERSION = "2026-07-28"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: Pages of ``tools/list`` followed at most.
 MAX_PAGES = 100
+#: How a POST on a kept-alive connection the server closed while it idled fails: the
+#: request cannot be written, or the connection ends with no byte of an answer.
+_STALE = (BrokenPipeError, ConnectionResetError)  # http.client.RemoteDisconnected is one
 _META = {
     "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
     "io.modelcontextprotocol/clientInfo": {"name": "gym-harness-reference", "version": "1"},
@@ -68,7 +71,8 @@ class KeptConnection:
         target = self.url.path or "/"
         if self.url.query:
             target += "?" + self.url.query
-        for attempt in (1, 2):
+        while True:
+            kept = self._conn is not None
             if self._conn is None:
                 kind = (
                     http.client.HTTPSConnection
@@ -82,19 +86,19 @@ class KeptConnection:
                 data = reply.read(self._max_bytes + 1)
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
-                # A kept-alive connection the server closed meanwhile fails at once: one
-                # fresh try. A timeout is an answer: no second wait.
-                if attempt == 2 or isinstance(exc, TimeoutError):
-                    why = f"no answer from {self.url.netloc}: {describe(exc)}"
-                    raise RuntimeError(why) from exc
-                continue
+                # A kept-alive connection the server closed while it idled fails before
+                # any answer: one try on a fresh one. Any other failure may come after the
+                # server acted on the POST (a tool call is not to be run twice), and a
+                # timeout is an answer: no second try.
+                if kept and isinstance(exc, _STALE):
+                    continue
+                raise RuntimeError(f"no answer from {self.url.netloc}: {describe(exc)}") from exc
             if len(data) > self._max_bytes:
                 self.close()
                 raise RuntimeError(f"an answer over {self._max_bytes} bytes")
             if (reply.getheader("connection") or "").lower() == "close":
                 self.close()
             return reply.status, reply.getheader("content-type") or "", data
-        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Close the connection, if open. Idempotent."""

@@ -26,7 +26,7 @@ from typing import Any
 from gym_harness.errors import ForkFailed, ForkUnsupported, HarnessStartError
 from gym_harness.fork.parent import Forkable, Inherited, Parent
 from gym_harness.harnesses.base import ForkOrigin
-from gym_harness.utils.trees import tree_bytes
+from gym_harness.utils.trees import MAX_ENTRIES, tree_size
 
 __all__ = ["resume"]
 
@@ -41,7 +41,8 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
     Raises:
         ForkUnsupported: The harness has no way to resume a copy of its session (the
             message names it and what it lacks), or the episode's workspace and home
-            hold more than ``max_fork_bytes``; nothing started.
+            hold more than ``max_fork_bytes`` (or one of them more than
+            ``utils.trees.MAX_ENTRIES`` entries); nothing started.
         ForkFailed: The copy of the workspace and home stopped (the message says where
             and why), or the child's episode directories could not be made (a full
             disk); the child was closed.
@@ -50,12 +51,18 @@ def resume(parent: Parent, directory: Path) -> tuple[Forkable, str, dict[str, An
     before = parent.trajectory
     state = parent.harness.fork_session(parent.session)
     limit = parent.max_fork_bytes
-    size = tree_bytes([directory / "workspace", directory / "home"], limit)
-    if size > limit:
+    size = tree_size([directory / "workspace", directory / "home"], limit)
+    if size.bytes > limit:
         raise ForkUnsupported(
             f"episode {before.episode_id}'s workspace and home hold more than "
-            f"max_fork_bytes={limit} bytes (at least {size}), which a fork of it would "
+            f"max_fork_bytes={limit} bytes (at least {size.bytes}), which a fork of it would "
             "copy: raise max_fork_bytes, or fork in mode='model' (replay copies nothing)."
+        )
+    if size.entries > MAX_ENTRIES:
+        raise ForkUnsupported(
+            f"episode {before.episode_id}'s workspace or home holds more than {MAX_ENTRIES} "
+            "entries (files, directories, links), more than a fork copies: fork before the "
+            "harness makes so many, or fork in mode='model' (replay copies nothing)."
         )
     origin = ForkOrigin(before.episode_id, directory, state, limit)
     child, adopt = parent.spawn(Inherited(parent.user_fn, before, len(before.turns), origin))

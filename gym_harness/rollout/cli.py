@@ -566,7 +566,16 @@ def _write_rollout(
     done: set[tuple[str, int]] = set()
     kept = 0
     if args.resume:
-        done, kept = resume(target, args.group)
+        try:
+            done, kept = resume(target, args.group)
+        except OSError as exc:  # a full disk, say: what was recorded is as it was
+            why = exc.strerror or str(exc)
+            print(
+                f"gym-harness: error: cannot resume into {partial}: {why}; the records "
+                "already written are untouched. Free space, then run the same command again.",
+                file=sys.stderr,
+            )
+            return EXIT_IO_ERROR
     else:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()  # an earlier run's: this one starts over

@@ -10,14 +10,15 @@ file that becomes a link between the look and the open is never entered, and the
 fails. Sockets, FIFOs and devices are skipped; a file's set-user-ID and set-group-ID bits
 are not copied.
 
-:func:`tree_bytes` sizes trees (a quick refusal before anything starts; entries that
+:func:`tree_size` sizes trees (a quick refusal before anything starts; entries that
 vanish meanwhile are not counted). :func:`copy_tree` counts the bytes as it copies them
 and never writes past its bound: the target holds at most ``limit`` bytes of file
 content, whatever the source grows to. Contents are copied with ``copy_file_range``,
 which shares blocks where the filesystem can (btrfs, XFS, bcachefs ... clone extents
 through it), else by reading and writing. Every failure of a copy (a bound passed, an
 entry that vanished or became a link, a full disk, nesting deeper than
-:data:`MAX_DEPTH`) is a ``ForkFailed`` whose message says which entry and why.
+:data:`MAX_DEPTH`, more than :data:`MAX_ENTRIES` entries) is a ``ForkFailed`` whose
+message says which entry and why.
 
 Threads: any; nothing is shared.
 """
@@ -29,13 +30,17 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from gym_harness.errors import ForkFailed
 
-__all__ = ["MAX_DEPTH", "copy_tree", "tree_bytes"]
+__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "TreeSize", "copy_tree", "tree_size"]
 
 #: Most directories deep a copy goes (each level holds a few file descriptors open).
 MAX_DEPTH = 128
+#: Most entries (files, directories, links, anything else) one tree may hold for a copy:
+#: empty files cost no bytes, yet a million of them take a copy minutes and as many inodes.
+MAX_ENTRIES = 1 << 20
 #: Most bytes one ``copy_file_range`` call is asked for.
 _CHUNK = 1 << 30
 #: Most bytes one read of the fallback copy holds.
@@ -50,48 +55,72 @@ _BECAME_LINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def tree_bytes(roots: list[Path], limit: int) -> int:
-    """The bytes of the regular files under ``roots`` (links not followed); once the sum
-    passes ``limit`` the count stops there and returns what it has (more than ``limit``).
+class TreeSize(NamedTuple):
+    """What :func:`tree_size` counted."""
+
+    bytes: int
+    """Bytes of regular files."""
+    entries: int
+    """Entries of each root tree, the largest count."""
+
+
+def tree_size(roots: list[Path], limit: int, max_entries: int = MAX_ENTRIES) -> TreeSize:
+    """The bytes of the regular files under ``roots`` (links not followed), and the most
+    entries one root holds; once the bytes pass ``limit``, or a root's entries pass
+    ``max_entries``, the count stops there and returns what it has.
 
     Entries that vanish or change meanwhile, and levels below :data:`MAX_DEPTH`, are not
-    counted: this is a quick refusal, and :func:`copy_tree` holds the bound itself.
+    counted: this is a quick refusal, and :func:`copy_tree` holds both bounds itself.
     """
-    total = 0
+    total, most = 0, 0
     for root in roots:
         try:
             fd = os.open(root, _DIR)
         except OSError:
             continue  # no such directory (or not one): nothing to count
+        count = _Count(total, limit, max_entries)
         try:
-            total = _size(fd, total, limit, 0)
+            count.directory(fd, 0)
         finally:
             os.close(fd)
-        if total > limit:
+        total, most = count.bytes, max(most, count.entries)
+        if count.over():
             break
-    return total
+    return TreeSize(total, most)
 
 
-def _size(fd: int, total: int, limit: int, depth: int) -> int:
-    with os.scandir(fd) as entries:
-        for entry in entries:
-            try:
-                if entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-                elif entry.is_dir(follow_symlinks=False) and depth < MAX_DEPTH:
-                    below = os.open(entry.name, _DIR, dir_fd=fd)
-                    try:
-                        total = _size(below, total, limit, depth + 1)
-                    finally:
-                        os.close(below)
-            except OSError:
-                continue  # vanished or became a link meanwhile
-            if total > limit:
-                break
-    return total
+class _Count:
+    """One root's walk for :func:`tree_size`: bytes (with the roots' before it) and entries."""
+
+    def __init__(self, total: int, limit: int, max_entries: int) -> None:
+        self.bytes, self.entries = total, 0
+        self.limit, self.max_entries = limit, max_entries
+
+    def over(self) -> bool:
+        return self.bytes > self.limit or self.entries > self.max_entries
+
+    def directory(self, fd: int, depth: int) -> None:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                self.entries += 1
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        self.bytes += entry.stat(follow_symlinks=False).st_size
+                    elif entry.is_dir(follow_symlinks=False) and depth < MAX_DEPTH:
+                        below = os.open(entry.name, _DIR, dir_fd=fd)
+                        try:
+                            self.directory(below, depth + 1)
+                        finally:
+                            os.close(below)
+                except OSError:
+                    continue  # vanished or became a link meanwhile
+                if self.over():
+                    break
 
 
-def copy_tree(source: Path, target: Path, *, limit: int, copied: int = 0) -> int:
+def copy_tree(
+    source: Path, target: Path, *, limit: int, copied: int = 0, max_entries: int = MAX_ENTRIES
+) -> int:
     """Make ``target`` (a directory, emptied first) a copy of the live tree ``source``.
 
     Args:
@@ -99,6 +128,7 @@ def copy_tree(source: Path, target: Path, *, limit: int, copied: int = 0) -> int
         target: The directory to copy into (made if missing; what it holds is removed).
         limit: Most bytes of file content the copy (with ``copied``) may hold.
         copied: Bytes already copied under the same ``limit`` (an earlier tree's).
+        max_entries: Most entries of ``source`` the copy looks at.
 
     Returns:
         ``copied`` plus the bytes of file content this copy wrote.
@@ -106,10 +136,11 @@ def copy_tree(source: Path, target: Path, *, limit: int, copied: int = 0) -> int
     Raises:
         ForkFailed: The copy stopped: ``source`` grew past ``limit`` (the target holds at
             most ``limit``), an entry vanished or became a link while it was copied, the
-            disk is full, or the tree is nested deeper than :data:`MAX_DEPTH`. The
-            message names the entry (under ``source``'s name) and the cause.
+            disk is full, the tree is nested deeper than :data:`MAX_DEPTH` or holds more
+            than ``max_entries`` entries. The message names the entry (under
+            ``source``'s name) and the cause.
     """
-    copy = _Copy(source.name, limit, copied)
+    copy = _Copy(source.name, limit, copied, max_entries)
     try:
         target.mkdir(parents=True, exist_ok=True)
         _empty(target)
@@ -145,9 +176,10 @@ def _same_metadata(source: os.stat_result, fd: int, mode: int | None = None) -> 
 class _Copy:
     """One copy's running count and where it is (for the message if it fails)."""
 
-    def __init__(self, root: str, limit: int, copied: int) -> None:
+    def __init__(self, root: str, limit: int, copied: int, max_entries: int) -> None:
         self.limit = limit
         self.copied = copied
+        self.entries, self.max_entries = 0, max_entries
         self.at = root  # the entry being copied, under the root's name
         self.kind = "directory"  # what ``at`` is
 
@@ -157,6 +189,9 @@ class _Copy:
         with os.scandir(src) as entries:
             for entry in entries:
                 self.at, self.kind = f"{here}/{entry.name}", "entry"
+                self.entries += 1
+                if self.entries > self.max_entries:
+                    raise _Crowded(self.at)
                 mode = os.stat(entry.name, dir_fd=src, follow_symlinks=False).st_mode
                 if stat.S_ISLNK(mode):
                     self.kind = "link"
@@ -236,6 +271,11 @@ class _Copy:
             )
         elif isinstance(exc, _Nested):
             why = f"{where} is nested deeper than {MAX_DEPTH} directories; a fork copies no deeper"
+        elif isinstance(exc, _Crowded):
+            why = (
+                f"the tree holds more than {self.max_entries} entries (files, directories, "
+                f"links); a fork copies no more (stopped at {where})"
+            )
         elif exc.errno == errno.ENOENT:
             why = f"{where} vanished while it was copied (the harness removed or renamed it)"
         elif exc.errno in _BECAME_LINK:
@@ -265,6 +305,10 @@ class _Replaced(OSError):
 
 class _Nested(OSError):
     """A directory deeper than ``MAX_DEPTH``."""
+
+
+class _Crowded(OSError):
+    """An entry past the copy's ``max_entries``."""
 
 
 def _read_write(reader: int, writer: int, size: int) -> int:

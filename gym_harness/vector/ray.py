@@ -222,16 +222,39 @@ class RayVectorEnv(VectorEnv):
         return self._observations, rewards, terminations, truncations, infos
 
     def worker_info(self) -> list[dict[str, Any]]:
-        """Where each sub-env runs: ``node_id``, actor ``pid``, ``harness_pid`` and the
-        episode's ``workspace`` directory (``None`` before the first reset)."""
-        ray = self._pool.ray
-        return list(ray.get([a.describe.remote() for a in self.actors], timeout=self.timeout_s))
+        """Where each sub-env runs: ``node_id``, actor ``pid``, ``harness_pid``, the
+        episode's ``workspace`` directory (``None`` before the first reset), and ``lost``.
+
+        Waits at most ``timeout_s``; never raises for a sub-env. One whose actor is lost
+        (its node gone, killed, silent past the wait) or whose replacement is not up yet
+        gives ``None`` for the rest and ``lost``: why (else ""); its next step reports
+        ``worker_lost``, as it would have anyway.
+        """
+        calls = {
+            i: actor.describe.remote()
+            for i, actor in enumerate(self.actors)
+            if not self._lost[i] and i not in self._placing
+        }
+        results = self._gather(calls, time.monotonic() + self.timeout_s)
+        return [self._whereabouts(i, results.get(i)) for i in range(self.num_envs)]
 
     def close_extras(self, **kwargs: Any) -> None:
         """End every env (its harness and workspace) and every actor; never raises."""
         self._pool.end(self.actors)
 
     # ----------------------------------------------------------------- internals
+
+    def _whereabouts(self, i: int, described: Any) -> dict[str, Any]:
+        """``worker_info``'s entry for sub-env ``i`` from its actor's ``describe`` result."""
+        if isinstance(described, dict):
+            return {**described, "lost": ""}
+        if self._lost[i]:
+            why = self._lost_error[i]
+        elif i in self._placing:
+            why = "its replacement actor is not up yet"
+        else:  # describe raised in the actor
+            why = f"{type(described).__name__}: {described}"
+        return {"node_id": None, "pid": None, "harness_pid": None, "workspace": None, "lost": why}
 
     def _submit_reset(self, i: int, seed: int | None, options: dict[str, Any] | None) -> Any:
         if self._lost[i]:

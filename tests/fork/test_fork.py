@@ -24,7 +24,9 @@ from support.envs import model_env
 from support.model_server import ScriptedModelServer
 
 from gym_harness import ConfigError, ForkDiverged, ForkUnsupported, HarnessEnv
+from gym_harness.fork import native
 from gym_harness.harnesses.registry import HARNESSES, harness_class
+from gym_harness.utils.trees import tree_size
 
 RAN: list[tuple[int, int]] = []  # every call of the ``add`` tool, in this process
 
@@ -268,6 +270,32 @@ def test_a_fork_past_max_fork_bytes_fails_before_anything_starts() -> None:
             assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
             (env.workspace / "big.bin").unlink()
             assert env.step("second")[0] == "you said: first | second"
+        finally:
+            env.close()
+
+
+def test_a_fork_of_more_entries_than_a_fork_copies_fails_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with ScriptedModelServer(recall=True) as server:
+        env = reference_turns(server)
+        try:
+            env.reset(seed=0)
+            env.step("first")
+            assert env.workspace is not None
+            trees = [env.workspace, env.workspace.parent / "home"]
+            bound = tree_size(trees, 1 << 30).entries + 2  # a million, made quick
+            monkeypatch.setattr(native, "MAX_ENTRIES", bound)
+            for i in range(bound + 1 - tree_size(trees[:1], 1 << 30).entries):
+                (env.workspace / f"empty{i}").touch()  # no bytes, one entry each
+            before = {p.pid for p in psutil.Process().children(recursive=True)}
+            with pytest.raises(ForkUnsupported, match=f"more than {bound} entries"):
+                env.fork()
+            assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+            (env.workspace / "empty0").unlink()
+            assert env.step("second")[0] == "you said: first | second"
+            child, _, _ = env.fork()  # at the bound: forks
+            child.close()
         finally:
             env.close()
 

@@ -3,7 +3,9 @@
 Every agent runs ``python -m gym_harness.agents.reference`` with pipes; the env's
 side is played here line by line. The MCP server is the real ``MCPBridge`` serving
 the demo tools over loopback HTTP; the ``openai`` policy talks to the scripted
-model server of ``tests/support/model_server.py``.
+model server of ``tests/support/model_server.py``. Its HTTP connection
+(``KeptConnection``) is also driven on its own, against a loopback server that plays
+each connection's part byte by byte.
 """
 
 from __future__ import annotations
@@ -436,3 +438,121 @@ def test_openai_policy_needs_base_url_and_model(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stdout == b""
     assert b"--base-url" in proc.stderr
+
+
+# ------------------------------------------------------- its HTTP connection, retried
+
+
+class ScriptedHTTPServer:
+    """A loopback HTTP server whose k-th connection plays ``scripts[k]``, one action per
+    request it reads: ``"answer"`` (and keep the connection), ``"answer-close"`` (then
+    close it, as a server closes a kept-alive connection that idles), ``"drop"`` (close
+    with no answer) or ``"garbage"`` (answer bytes that are no HTTP, then close). A
+    connection past the scripts plays ``["drop"]``. ``requests`` counts the requests it
+    read whole."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+    def __init__(self, scripts: list[list[str]]) -> None:
+        self.scripts = scripts
+        self.requests = 0
+        self.stop = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)  # so the loop sees ``stop``
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/mcp"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        made = 0
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            script = self.scripts[made] if made < len(self.scripts) else ["drop"]
+            made += 1
+            with conn:
+                conn.settimeout(WAIT_S)
+                for action in script:
+                    if not self._read_request(conn):
+                        break
+                    self.requests += 1
+                    if action == "drop":
+                        break
+                    conn.sendall(b"\x00 no http\r\n\r\n" if action == "garbage" else self.ANSWER)
+                    if action != "answer":
+                        break
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bool:
+        """Read one whole POST (its body by Content-Length); False at end of input."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(body) < length:
+            body += conn.recv(65536)
+        return True
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+        self.sock.close()
+
+
+OK = (200, "text/plain", b"ok")
+
+
+def _posts(scripts: list[list[str]], count: int) -> tuple[list[Any], int]:
+    """POST ``count`` times on one ``KeptConnection``; each answer (or the error raised)
+    and how many requests the server read."""
+    from gym_harness.agents._mcp_tools import KeptConnection
+
+    server = ScriptedHTTPServer(scripts)
+    connection = KeptConnection(server.url, timeout_s=WAIT_S)
+    answers: list[Any] = []
+    try:
+        for _ in range(count):
+            try:
+                answers.append(connection.post(b"{}", {"Content-Type": "application/json"}))
+            except RuntimeError as exc:
+                answers.append(exc)
+    finally:
+        connection.close()
+        server.close()
+    return answers, server.requests
+
+
+def test_a_kept_connection_the_server_closed_idle_is_tried_once_more() -> None:
+    # The first connection is closed after its answer: the second POST fails on it and
+    # goes on a fresh connection, which the third POST keeps using.
+    answers, requests = _posts([["answer-close"], ["answer", "answer"]], 3)
+    assert answers == [OK, OK, OK]
+    assert requests == 3
+
+
+@pytest.mark.parametrize(
+    ("scripts", "answered"),
+    [
+        ([["drop"]], 0),  # a fresh connection: nothing stale to blame
+        ([["garbage"]], 0),
+        ([["answer", "garbage"]], 1),  # a kept one: the server did answer with it
+    ],
+)
+def test_a_post_the_server_may_have_acted_on_is_not_sent_again(
+    scripts: list[list[str]], answered: int
+) -> None:
+    answers, requests = _posts(scripts, answered + 1)
+    assert answers[:answered] == [OK] * answered
+    assert isinstance(answers[-1], RuntimeError) and "no answer from" in str(answers[-1])
+    assert requests == answered + 1  # a second try would be read too (as a "drop")

@@ -166,6 +166,40 @@ def test_a_full_disk_leaves_whole_records_and_exits_with_the_io_status(tmp_path:
     assert leftovers(str(tmp_path)) == []
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_resume_on_a_full_disk_exits_with_the_io_status_and_keeps_the_records(
+    tmp_path: Path,
+) -> None:
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "/done a"}\n')
+    earlier = tmp_path / "earlier.jsonl"
+    argv = [*CLI, "rollout", str(tasks), "-n", "2", "--out", str(earlier)]
+    subprocess.run(argv, capture_output=True, check=True, timeout=120)
+    disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
+    disk.mkdir()
+    out = disk / "out.jsonl"
+    # The earlier run's records as OUT.partial, on a tmpfs then filled to the last byte.
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 99; "
+        f"cp {earlier} {out}.partial; head -c 65536 /dev/zero > {disk}/filler 2>/dev/null; "
+        f'"$@"; status=$?; cp {out}.partial {copy}; exit $status'
+    )
+    argv = [*CLI, "rollout", str(tasks), "-n", "3", "--out", str(out), "--resume"]
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 74, done.stderr
+    assert f"cannot resume into {out}.partial" in done.stderr
+    assert copy.read_bytes() == earlier.read_bytes()  # the records as they were
+    assert leftovers(str(tmp_path)) == []
+
+
 def test_a_failed_write_is_truncated_back_and_not_counted(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl.partial"
     written = RecordFile(path)

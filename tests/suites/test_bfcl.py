@@ -283,3 +283,38 @@ def test_a_call_the_checker_could_not_read_safely_is_refused_unrecorded(
     assert env.backends.calls() == [[]]
     assert not env.call_tool("ls", {"a": True}).is_error
     assert env.backends.calls() == [["ls(a=True)"]]
+
+
+def test_math_past_a_thousand_digits_is_refused_unrecorded_and_the_rest_runs(
+    bfcl_env: MakeEnv,
+) -> None:
+    # Each of these holds the interpreter for minutes if run (a C call), and the checker
+    # would run it again from the record.
+    env = bfcl_env("base")
+    task = next(t for t in load_category("base") if "MathAPI" in t.involved_classes)
+    env.reset(options={"task_id": task.id})
+    costly = [
+        ("power", {"base": 10, "exponent": 10**9}),
+        ("power", {"base": -3, "exponent": int("9" * 4000)}),
+        ("round_number", {"number": 5, "decimal_places": -(10**7)}),
+        ("logarithm", {"value": 7, "base": 3, "precision": 10**6}),
+        ("square_root", {"number": 2, "precision": 1e300}),
+    ]
+    for name, arguments in costly:
+        refused = env.call_tool(name, arguments)
+        assert refused.is_error and "at most 1000 digits" in refused.text, (name, refused)
+    assert env.backends.calls() == [[]]
+    cheap = [
+        ("power", {"base": 2, "exponent": 3000}),  # 904 digits
+        ("power", {"base": 10, "exponent": -(10**9)}),  # a float: 0.0 at once
+        ("power", {"base": 2.0, "exponent": 10**9}),  # a float: overflows at once
+        ("round_number", {"number": 5.5, "decimal_places": 0}),
+        ("logarithm", {"value": 8, "base": 2, "precision": 1000}),
+    ]
+    answers = [env.call_tool(name, arguments) for name, arguments in cheap]
+    assert answers[0].text == json.dumps({"result": 2**3000})
+    assert not answers[1].is_error and "0.0" in answers[1].text
+    assert answers[2].is_error and "Error during execution" in answers[2].text
+    assert answers[3].text == json.dumps({"result": 6.0})
+    assert answers[4].text == "{'result': mpf('3.0')}"  # as BFCL's executor writes it
+    assert len(env.backends.calls()[0]) == len(cheap)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from support.churn import SECRET, churning, secret_outside
 
 from gym_harness import ForkFailed
-from gym_harness.utils.trees import MAX_DEPTH, copy_tree, tree_bytes
+from gym_harness.utils.trees import MAX_DEPTH, TreeSize, copy_tree, tree_size
 
 
 def walk(root: Path) -> Iterator[tuple[str, str, bytes]]:
@@ -90,8 +90,8 @@ def test_a_hostile_tree_is_copied_with_no_link_followed(tmp_path: Path) -> None:
     assert not any(SECRET in content for kind, content in copied.values() if kind == "file")
     assert stat.S_IMODE((target / "sub" / "b.txt").stat().st_mode) == 0o640
     assert stat.S_IMODE((target / "suid").stat().st_mode) == 0o755
-    assert tree_bytes([source], 1000) == 37
-    assert 25 < tree_bytes([source, tmp_path / "missing"], 25) < 37  # stops past the bound
+    assert tree_size([source], 1000).bytes == 37
+    assert 25 < tree_size([source, tmp_path / "missing"], 25).bytes < 37  # stops past the bound
 
 
 def test_a_tree_deeper_than_the_bound_fails_and_names_where(tmp_path: Path) -> None:
@@ -121,6 +121,29 @@ def test_a_copy_stops_at_the_bound_and_holds_no_more(tmp_path: Path) -> None:
     assert held(target) == 500
     assert copy_tree(source, target, limit=600) == 600  # exactly the bound: whole
     assert held(target) == 600
+
+
+def test_a_tree_of_more_entries_than_the_bound_is_refused_and_names_where(
+    tmp_path: Path,
+) -> None:
+    # Empty files and directories: no bytes, and each still an entry.
+    workspace, home = tmp_path / "workspace", tmp_path / "home"
+    (workspace / "sub").mkdir(parents=True)
+    home.mkdir()
+    for i in range(3):
+        (workspace / "sub" / f"e{i}").touch()
+        (home / f"h{i}").touch()
+    assert tree_size([workspace, home], 1000, max_entries=4) == TreeSize(0, 4)  # sub + 3
+    assert tree_size([workspace, home], 1000, max_entries=3) == TreeSize(0, 4)  # stopped
+    assert copy_tree(workspace, tmp_path / "child", limit=1000, max_entries=4) == 0
+    assert len(list((tmp_path / "child").rglob("*"))) == 4
+    fds = open_fds()
+    with pytest.raises(
+        ForkFailed, match=r"more than 3 entries .*stopped at entry 'workspace/sub/e"
+    ):
+        copy_tree(workspace, tmp_path / "child", limit=1000, max_entries=3)
+    assert open_fds() == fds
+    assert len(list((tmp_path / "child").rglob("*"))) == 3  # no more than the bound
 
 
 # Trees drawn at random: a name maps to a file's bytes, a link's text, or a subtree.
@@ -157,7 +180,7 @@ def test_any_tree_is_copied_exactly_or_refused_at_the_bound(
     source, target = base / "workspace", base / "child"
     build(source, tree)
     size = held(source)
-    assert tree_bytes([source], 1 << 20) == size
+    assert tree_size([source], 1 << 20).bytes == size
     try:
         copied = copy_tree(source, target, limit=limit)
     except ForkFailed as exc:

@@ -141,6 +141,9 @@ def test_killed_actor_reports_worker_lost_then_is_replaced(ray_instance: None) -
         ray.kill(envs.actors[1])  # mid-episode; the kill is asynchronous: wait for it
         assert gone([before[1]["pid"], before[1]["harness_pid"]])  # the harness died with it
         assert removed(root)  # by its keeper: the actor never ran close()
+        lost = envs.worker_info()  # never raises for a lost actor: says why instead
+        assert lost[0] == {**before[0], "lost": ""}
+        assert lost[1]["pid"] is None and "Actor" in lost[1]["lost"]
         obs, rewards, terminated, truncated, info = envs.step(np.array(["c", "d"], dtype=object))
         assert list(obs) == ["echo: c", ""] and rewards[1] == 0.0
         assert list(terminated) == [False, True] and not truncated.any()

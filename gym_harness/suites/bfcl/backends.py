@@ -27,9 +27,10 @@ import copy
 import importlib
 import json
 import keyword
+import math
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gym_harness.suites.bfcl.data import BACKEND_DOCS, BFCLTask, function_docs, json_schema
 
@@ -47,6 +48,14 @@ MAX_CALL_CHARS = 1 << 20
 #: Calls recorded per turn at most; later ones still run, unrecorded (BFCL's inference
 #: stops a turn after 20 model steps).
 MAX_CALLS_PER_TURN = 256
+#: Most digits a call may ask of the Math API: BFCL's functions compute what they are
+#: asked in one C call that holds the interpreter (``round(5, -10**7)`` or
+#: ``10 ** 10**9`` runs for minutes, ``mpmath`` at a million digits as long), and the
+#: bridge's loop, this env's process and BFCL's checker (which runs the recorded calls
+#: again) would wait on it. A call past the bound is refused, unrecorded.
+MAX_DIGITS = 1000
+#: The arguments that set how many digits a function computes.
+_DIGIT_ARGUMENTS = ("precision", "decimal_places")
 
 
 def call_string(name: str, arguments: Mapping[str, Any]) -> str:
@@ -147,6 +156,9 @@ class Backends:
         text = call_string(name, arguments)
         if len(text) > MAX_CALL_CHARS:
             return f"Error: the call is over {MAX_CALL_CHARS} characters long.", True
+        too_many = _digits_asked(name, arguments)
+        if too_many:
+            return f"Error: {too_many}: this suite computes at most {MAX_DIGITS} digits.", True
         with self._lock:
             method = self._methods.get(name) if name in self._offer else None
             if method is None:
@@ -157,6 +169,34 @@ class Backends:
                 return result_text(method(**arguments)), False
             except Exception as exc:  # BFCL's executor reports a failed call the same way
                 return f"Error during execution: {exc}", True
+
+
+def _digits_asked(name: str, arguments: Mapping[str, Any]) -> str:
+    """The argument of a call that asks for more than ``MAX_DIGITS`` digits, or ""."""
+    for key in _DIGIT_ARGUMENTS:
+        value = arguments.get(key)
+        if _is_number(value) and not abs(value) <= MAX_DIGITS:  # NaN too
+            return f"{key}={value!r}"
+    if name == "power":
+        base, exponent = arguments.get("base"), arguments.get("exponent")
+        # Only an integer power is exact, so only its digits grow with the exponent (the
+        # bound is compared as an int to a float: an exponent of any size, no overflow).
+        if (
+            _is_integer(base)
+            and _is_integer(exponent)
+            and abs(base) > 1
+            and exponent > MAX_DIGITS / math.log10(abs(base))
+        ):
+            return f"base={base!r} to exponent={exponent!r}"
+    return ""
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def tool_server(backends: Backends) -> FastMCP:
