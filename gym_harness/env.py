@@ -266,11 +266,14 @@ class HarnessEnv(gymnasium.Env[str, str]):
         Safe from any thread: a step under way then raises ``ResetNeeded``, and the env stays
         closed (``reset()`` raises). Ctrl-C meanwhile is raised once everything has ended.
         """
-        with self._state_lock:
-            if self._state is Lifecycle.STOPPED:
-                return
-            self._state, self._ended_why = Lifecycle.STOPPED, "close() was called; it stays closed"
+        # Held before the env is marked closed: a Ctrl-C between the two would leave it
+        # marked closed with nothing ended, and a second close() would return at once.
         with interrupts_held():
+            with self._state_lock:
+                if self._state is Lifecycle.STOPPED:
+                    return
+                self._state = Lifecycle.STOPPED
+                self._ended_why = "close() was called; it stays closed"
             try:
                 self._end_episode()
             finally:
