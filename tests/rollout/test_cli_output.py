@@ -132,29 +132,42 @@ def test_resume_of_a_finished_file_runs_nothing_and_drops_a_cut_line(tmp_path: P
     assert kept[0] == json.loads(lines[0])  # the recorded one was not run again
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_a_full_disk_leaves_whole_records_and_exits_with_the_io_status(tmp_path: Path) -> None:
+def on_a_small_disk(
+    disk: Path, before: str, argv: list[str], after: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a mount namespace of its own where ``disk`` is a 64 KiB tmpfs:
+    ``before`` and ``after`` are shell commands run around it; the ``CompletedProcess``
+    (its status ``argv``'s)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1)")
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "a", "prompt": "/done a"}\n')
-    disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
     disk.mkdir()
-    out = disk / "out.jsonl"
-    # 64 KiB of tmpfs with 56 KiB taken: room for a few records (about 1.2 KB each).
     script = (
-        f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 99; "
-        f"head -c 57344 /dev/zero > {disk}/filler; "
-        f'"$@"; status=$?; cp {out}.partial {copy}; ls {disk} > {tmp_path}/listing; '
-        "exit $status"
+        f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 99; {before}; "
+        f'"$@"; status=$?; {after}; exit $status'
     )
-    argv = [*CLI, "rollout", str(tasks), "-n", "12", "--concurrency", "3", "--out", str(out)]
-    done = subprocess.run(
+    return subprocess.run(
         ["unshare", "-m", "sh", "-c", script, "sh", *argv],
         capture_output=True,
         text=True,
         timeout=400,
+    )
+
+
+def test_a_full_disk_leaves_whole_records_and_exits_with_the_io_status(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "/done a"}\n')
+    disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
+    out = disk / "out.jsonl"
+    argv = [*CLI, "rollout", str(tasks), "-n", "12", "--concurrency", "3", "--out", str(out)]
+    # 56 of the 64 KiB taken: room for a few records (about 1.2 KB each).
+    done = on_a_small_disk(
+        disk,
+        f"head -c 57344 /dev/zero > {disk}/filler",
+        argv,
+        f"cp {out}.partial {copy}; ls {disk} > {tmp_path}/listing",
     )
     assert done.returncode == 74, done.stderr
     kept = records(copy)  # whole lines only
@@ -166,33 +179,23 @@ def test_a_full_disk_leaves_whole_records_and_exits_with_the_io_status(tmp_path:
     assert leftovers(str(tmp_path)) == []
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
 def test_a_resume_on_a_full_disk_exits_with_the_io_status_and_keeps_the_records(
     tmp_path: Path,
 ) -> None:
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "prompt": "/done a"}\n')
     earlier = tmp_path / "earlier.jsonl"
     argv = [*CLI, "rollout", str(tasks), "-n", "2", "--out", str(earlier)]
     subprocess.run(argv, capture_output=True, check=True, timeout=120)
     disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
-    disk.mkdir()
     out = disk / "out.jsonl"
-    # The earlier run's records as OUT.partial, on a tmpfs then filled to the last byte.
-    script = (
-        f"mount -t tmpfs -o size=64k tmpfs {disk} || exit 99; "
-        f"cp {earlier} {out}.partial; head -c 65536 /dev/zero > {disk}/filler 2>/dev/null; "
-        f'"$@"; status=$?; cp {out}.partial {copy}; exit $status'
-    )
     argv = [*CLI, "rollout", str(tasks), "-n", "3", "--out", str(out), "--resume"]
-    done = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    # The earlier run's records as OUT.partial, then the disk filled to the last byte.
+    done = on_a_small_disk(
+        disk,
+        f"cp {earlier} {out}.partial; head -c 65536 /dev/zero > {disk}/filler 2>/dev/null",
+        argv,
+        f"cp {out}.partial {copy}",
     )
     assert done.returncode == 74, done.stderr
     assert f"cannot resume into {out}.partial" in done.stderr
