@@ -500,7 +500,10 @@ class ScriptedHTTPServer:
             if line.lower().startswith(b"content-length:")
         )
         while len(body) < length:
-            body += conn.recv(65536)
+            chunk = conn.recv(65536)
+            if not chunk:  # cut mid-body: no whole request
+                return False
+            body += chunk
         return True
 
     def close(self) -> None:
